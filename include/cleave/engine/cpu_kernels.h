@@ -1,0 +1,46 @@
+// CPU compute kernels. fp32 arithmetic; weights stay in their file dtype (f32, f16, bf16, q8_0)
+// and are converted inside the dot kernels. AVX2+FMA+F16C paths are chosen at run time with a
+// portable fallback.
+//
+// Batch invariance: the result of dot(row, x) depends only on the row, x and n -- never on how
+// many tokens or rows are processed together, on the thread count, or on which tile a row falls
+// in. Multi-token kernels keep exactly the per-token reduction order of the single-token path.
+#pragma once
+
+#include <cstdint>
+
+#include "cleave/common/thread_pool.h"
+#include "cleave/model/tensor_view.h"
+
+namespace cleave::cpu {
+
+// Name of the kernel set chosen at run time ("avx2" or "generic").
+const char* kernel_isa();
+
+// dot of row `r` of matrix `w` ([rows, n], any dtype) with f32 vector x of n elements.
+float dot_row(const TensorView& w, int64_t r, const float* x);
+
+// y[t * out_stride + r] = dot(w[r], x[t * in_stride .. + n]) for every row r of w and token t in
+// [0, n_tokens). Threaded over rows (and tokens) through `pool`.
+void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_stride,
+            int64_t n_tokens, float* y, int64_t out_stride);
+
+// Converts row r of w to f32 (embedding look-up).
+void row_to_f32(const TensorView& w, int64_t r, float* out);
+// Converts a whole 1-D tensor (norm weights, biases) to f32.
+void tensor_to_f32(const TensorView& w, float* out);
+
+// Plain f32 helpers with a fixed reduction order.
+float dot_f32(const float* a, const float* b, int64_t n);
+// out = x / rms(x) * w; x and out may alias.
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out);
+// In-place numerically stable softmax.
+void softmax(float* x, int64_t n);
+// out[i] = silu(gate[i]) * up[i]
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+// y[i] += x[i]
+void add_inplace(float* y, const float* x, int64_t n);
+// y[i] += a * x[i]
+void axpy(float* y, float a, const float* x, int64_t n);
+
+}  // namespace cleave::cpu

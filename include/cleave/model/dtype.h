@@ -1,0 +1,53 @@
+// Element types of model tensors, as they are stored in model files.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+namespace cleave {
+
+enum class DType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,  // blocks of 32 int8 values with one f16 scale (34 bytes), as GGML's Q8_0
+};
+
+struct DTypeInfo {
+  std::string_view name;  // "f32", "f16", "bf16", "q8_0"
+  int64_t block_elems;    // elements per block (1 for plain types)
+  int64_t block_bytes;    // bytes per block
+};
+
+const DTypeInfo& dtype_info(DType t);
+inline std::string_view dtype_name(DType t) { return dtype_info(t).name; }
+// Parses "f32", "f16", "bf16", "q8_0" (case-insensitive).
+std::optional<DType> parse_dtype(std::string_view name);
+// GGML type ids (ggml.h): F32=0, F16=1, Q8_0=8, BF16=30. Others are unsupported.
+std::optional<DType> dtype_from_ggml(uint32_t ggml_type);
+uint32_t dtype_to_ggml(DType t);
+// Bytes of a row of n elements; nullopt when n is not a whole number of blocks or overflows.
+std::optional<uint64_t> dtype_row_bytes(DType t, uint64_t n);
+
+inline constexpr int kQ8_0BlockElems = 32;
+struct BlockQ8_0 {
+  uint16_t scale;  // f16
+  int8_t q[kQ8_0BlockElems];
+};
+static_assert(sizeof(BlockQ8_0) == 34);
+
+// IEEE half and bfloat16 conversions (round to nearest even).
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint16_t f32_to_bf16(float f);
+
+}  // namespace cleave

@@ -1,0 +1,14 @@
+// Subcommands of the `cleave` binary. Each add_* registers one subcommand on `app`; its callback
+// stores the process exit code in *exit_code (0 success, 1 runtime error, 2 bad usage).
+#pragma once
+
+#include "CLI/CLI.hpp"
+
+namespace cleave::cli {
+
+void add_generate_command(CLI::App& app, int* exit_code);
+void add_tokenize_command(CLI::App& app, int* exit_code);
+void add_convert_command(CLI::App& app, int* exit_code);
+void add_model_command(CLI::App& app, int* exit_code);  // `model synth`
+
+}  // namespace cleave::cli

@@ -1,0 +1,2 @@
+// PLACEHOLDER: removed once the engine has sources.
+namespace cleave {}

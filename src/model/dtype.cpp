@@ -1,0 +1,126 @@
+#include "cleave/model/dtype.h"
+
+#include <array>
+#include <cmath>
+#include <limits>
+
+namespace cleave {
+namespace {
+constexpr std::array<DTypeInfo, 4> kInfos = {{
+    {"f32", 1, 4},
+    {"f16", 1, 2},
+    {"bf16", 1, 2},
+    {"q8_0", kQ8_0BlockElems, sizeof(BlockQ8_0)},
+}};
+}  // namespace
+
+const DTypeInfo& dtype_info(DType t) { return kInfos[static_cast<size_t>(t)]; }
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  for (size_t i = 0; i < kInfos.size(); ++i) {
+    const auto& n = kInfos[i].name;
+    if (n.size() != name.size()) continue;
+    bool eq = true;
+    for (size_t j = 0; j < n.size(); ++j) {
+      char c = name[j];
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      if (c != n[j]) eq = false;
+    }
+    if (eq) return static_cast<DType>(i);
+  }
+  return std::nullopt;
+}
+
+std::optional<DType> dtype_from_ggml(uint32_t ggml_type) {
+  switch (ggml_type) {
+    case 0: return DType::kF32;
+    case 1: return DType::kF16;
+    case 8: return DType::kQ8_0;
+    case 30: return DType::kBF16;
+    default: return std::nullopt;
+  }
+}
+
+uint32_t dtype_to_ggml(DType t) {
+  switch (t) {
+    case DType::kF32: return 0;
+    case DType::kF16: return 1;
+    case DType::kQ8_0: return 8;
+    case DType::kBF16: return 30;
+  }
+  return 0;
+}
+
+std::optional<uint64_t> dtype_row_bytes(DType t, uint64_t n) {
+  const auto& info = dtype_info(t);
+  if (n % static_cast<uint64_t>(info.block_elems) != 0) return std::nullopt;
+  uint64_t blocks = n / static_cast<uint64_t>(info.block_elems);
+  if (blocks > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(info.block_bytes))
+    return std::nullopt;
+  return blocks * static_cast<uint64_t>(info.block_bytes);
+}
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      mant &= 0x3ffu;
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
+  if (abs < 0x38800000u) {  // subnormal or zero in half
+    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
+    const uint32_t e = abs >> 23;
+    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - e;  // value / 2^-24 = m * 2^(e - 126)
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (r & 1u))) ++r;
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
+  const uint32_t rem = r & 0x1fffu;
+  r >>= 13;
+  if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
+  return static_cast<uint16_t>(sign | r);
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
+  const uint32_t lsb = (x >> 16) & 1u;
+  x += 0x7fffu + lsb;
+  return static_cast<uint16_t>(x >> 16);
+}
+
+}  // namespace cleave
