@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   cleave::cli::add_tokenize_command(app, &exit_code);
   cleave::cli::add_convert_command(app, &exit_code);
   cleave::cli::add_model_command(app, &exit_code);
+  cleave::cli::add_config_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,101 @@
+// Typed configuration with one declaration per setting.
+//
+// Every setting is a field of a plain struct with its default in code. A SettingsRegistry binds
+// each field to a dotted key ("engine.threads"), an environment variable ("CLEAVE_ENGINE_THREADS")
+// and optionally a command-line flag, and applies sources in increasing precedence:
+//   defaults (in code) < YAML file < environment (CLEAVE_*) < flags.
+// The caller applies them in that order: load_yaml_file(), load_env(), then set() per flag.
+// Unknown keys in a file are errors that name the key and the file, so typos never pass silently.
+// The registry is also the source of the README's settings table (markdown_table()).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cleave/common/status.h"
+
+namespace cleave {
+
+class SettingsRegistry {
+ public:
+  struct Setting {
+    std::string key;           // "engine.threads"
+    std::string env;           // "CLEAVE_ENGINE_THREADS"
+    std::string flag;          // "--threads", or empty when the setting has no flag
+    std::string help;
+    std::string type;          // "int", "float", "bool", "string", or "a|b|c" for enums
+    std::string default_value; // rendered at registration time
+    std::string source = "default";  // where the current value came from
+    std::function<Status(std::string_view)> set;
+    std::function<std::string()> get;
+  };
+
+  // Fields must outlive the registry. Ranges are inclusive.
+  void add_int(std::string key, int64_t* field, std::string help, int64_t min, int64_t max,
+               std::string flag = "");
+  void add_float(std::string key, double* field, std::string help, double min, double max,
+                 std::string flag = "");
+  void add_bool(std::string key, bool* field, std::string help, std::string flag = "");
+  void add_string(std::string key, std::string* field, std::string help, std::string flag = "");
+  void add_enum(std::string key, std::string* field, std::vector<std::string> choices,
+                std::string help, std::string flag = "");
+
+  // Sets one setting from text; InvalidArgument names the key, the value and what is allowed.
+  Status set(std::string_view key, std::string_view value, std::string_view source);
+  // "key=value" (as given to --set).
+  Status set_assignment(std::string_view assignment, std::string_view source);
+  Status load_yaml_file(const std::string& path);
+  Status load_yaml_string(std::string_view yaml, std::string_view source_name);
+  // Reads every registered setting's env variable through `getenv_fn` (default ::getenv).
+  Status load_env(const std::function<const char*(const char*)>& getenv_fn = nullptr);
+
+  const std::vector<Setting>& settings() const { return settings_; }
+  const Setting* find(std::string_view key) const;
+  // The effective configuration as YAML, with each value's source as a comment.
+  std::string to_yaml() const;
+  // | Setting | Default | Env | Flag | Description | rows, for the README.
+  std::string markdown_table() const;
+
+ private:
+  Setting& add(std::string key, std::string help, std::string type, std::string flag);
+  std::vector<Setting> settings_;
+  std::map<std::string, size_t, std::less<>> index_;
+};
+
+// "engine.threads" -> "CLEAVE_ENGINE_THREADS".
+std::string env_name_for_key(std::string_view key);
+
+// ---- The cleave configuration (grows with each subsystem) ----
+
+struct LogSettings {
+  std::string level = "info";
+};
+
+struct ModelSettings {
+  std::string path;  // GGUF file or HF directory; empty = the embedded default model
+};
+
+struct EngineSettings {
+  int64_t threads = 0;      // compute threads; 0 = one per online CPU
+  int64_t max_context = 0;  // 0 = the model's context length
+};
+
+struct Config {
+  LogSettings log;
+  ModelSettings model;
+  EngineSettings engine;
+};
+
+// Binds every field of `config` to `registry`.
+void register_settings(Config& config, SettingsRegistry& registry);
+
+// Applies file (when non-empty) < env < overrides ("key=value" each, from flags) on top of the
+// defaults already in the fields bound to `registry`.
+Status load_config(SettingsRegistry& registry, const std::string& file,
+                   const std::vector<std::string>& overrides);
+
+}  // namespace cleave

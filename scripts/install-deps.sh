@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything cleave needs to build and test, by package name from Debian and PyPI.
+# Idempotent: packages already present are left alone; apt's lists are refreshed only when
+# something is missing. Run as root (or with sudo available).
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git python3 python3-pip
+  clang libclang-rt-14-dev          # sanitizer and libFuzzer builds
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
+  libicu-dev                        # Unicode categories for the BPE pre-tokenizers
+  libfabric-dev                     # transfer engine (tcp, shm, verbs, efa providers)
+)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  echo "install-deps: all Debian packages present" >&2
+fi
