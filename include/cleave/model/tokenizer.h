@@ -19,6 +19,7 @@ class GgufFile;
 struct EncodeOptions {
   bool add_bos = false;        // prepend BOS (when the tokenizer has one)
   bool parse_special = false;  // recognise special/control token text such as "<|im_end|>"
+  bool add_eos = false;        // append EOS (when the tokenizer has one)
 };
 
 class Tokenizer {

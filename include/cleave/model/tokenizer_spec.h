@@ -22,6 +22,10 @@ enum class TokenType : int32_t {
 struct TokenizerSpec {
   std::string model;  // "llama" (SentencePiece) or "gpt2" (byte-level BPE)
   std::string pre;    // pre-tokenizer name: "default", "llama-bpe", "qwen2", "gpt-2", ...
+  // Byte-level BPE only: explicit pre-tokenizer regexes (from a tokenizer.json whose Split
+  // patterns match no known name). When non-empty they are used instead of `pre`.
+  std::vector<std::string> pre_regexes;
+  bool ignore_merges = false;  // BPE: a whole pre-token that is in the vocabulary is one token
   std::vector<std::string> tokens;
   std::vector<float> scores;          // may be empty (BPE)
   std::vector<TokenType> token_types; // may be empty: all normal

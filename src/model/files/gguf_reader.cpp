@@ -80,7 +80,7 @@ Status read_scalar(Cursor& c, GgufType t, GgufValue& v, bool as_element, std::st
     case GgufType::kFloat32: { float x{}; CLEAVE_RETURN_IF_ERROR(c.read(&x, name)); put_f(x); break; }
     case GgufType::kFloat64: { double x{}; CLEAVE_RETURN_IF_ERROR(c.read(&x, name)); put_f(x); break; }
     case GgufType::kBool: {
-      uint8_t x;
+      uint8_t x = 0;
       CLEAVE_RETURN_IF_ERROR(c.read(&x, name));
       if (x > 1) return DataLoss(fmt::format("bool {} is {}, not 0 or 1", name, x));
       put_u(x);

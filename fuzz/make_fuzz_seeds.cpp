@@ -1,0 +1,101 @@
+// Writes seed corpora for the fuzz targets: `make_fuzz_seeds OUTDIR` creates OUTDIR/gguf and
+// OUTDIR/safetensors with small valid files (every metadata type, every tensor dtype, a tiny
+// synthetic Llama) and a few near-misses, so that a bounded fuzzing run starts deep in the parsers.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cleave/model/gguf_writer.h"
+#include "cleave/model/safetensors.h"
+#include "cleave/model/synth.h"
+
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+bool save(const std::filesystem::path& p, const Bytes& b) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  return static_cast<bool>(out);
+}
+
+Bytes f32s(std::initializer_list<float> v) {
+  Bytes b(v.size() * 4);
+  std::memcpy(b.data(), std::data(v), b.size());
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUTDIR\n", argv[0]);
+    return 2;
+  }
+  namespace fs = std::filesystem;
+  const fs::path out = argv[1];
+  fs::create_directories(out / "gguf");
+  fs::create_directories(out / "safetensors");
+  int n = 0;
+  auto gguf = [&](const std::string& name, const cleave::GgufWriter& w) {
+    auto b = w.to_bytes();
+    if (!b.ok() || !save(out / "gguf" / name, *b)) {
+      std::fprintf(stderr, "make_fuzz_seeds: %s failed\n", name.c_str());
+      std::exit(1);
+    }
+    ++n;
+  };
+  {
+    cleave::GgufWriter w;
+    w.set_u8("a.u8", 1); w.set_i8("a.i8", -1); w.set_u16("a.u16", 2); w.set_i16("a.i16", -2);
+    w.set_u32("a.u32", 3); w.set_i32("a.i32", -3); w.set_u64("a.u64", 4); w.set_i64("a.i64", -4);
+    w.set_f32("a.f32", 0.5f); w.set_f64("a.f64", 0.25); w.set_bool("a.bool", true);
+    w.set_string("a.str", "text");
+    w.set_string_array("a.strs", {"x", "yy"});
+    w.set_int_array("a.ints", cleave::GgufType::kInt32, {1, 2, 3});
+    w.set_float_array("a.floats", cleave::GgufType::kFloat32, {1.5, 2.5});
+    gguf("metadata.gguf", w);
+  }
+  {
+    cleave::GgufWriter w;
+    w.add_tensor("f32", cleave::DType::kF32, {2, 2}, f32s({1, 2, 3, 4}));
+    w.add_tensor("f16", cleave::DType::kF16, {4}, Bytes(8, std::byte{0x3c}));
+    w.add_tensor("bf16", cleave::DType::kBF16, {1, 4}, Bytes(8, std::byte{0x3f}));
+    w.add_tensor("q8", cleave::DType::kQ8_0, {32}, Bytes(34, std::byte{1}));
+    gguf("tensors.gguf", w);
+    cleave::GgufWriter w64(64);
+    w64.add_tensor("a", cleave::DType::kF32, {1}, f32s({1}));
+    w64.add_tensor("b", cleave::DType::kF32, {1}, f32s({2}));
+    gguf("align64.gguf", w64);
+  }
+  {
+    cleave::SynthOptions o;
+    o.layers = 1; o.dim = 32; o.heads = 2; o.kv_heads = 1; o.ffn = 32; o.vocab = 264;
+    o.dtype = cleave::DType::kF16;
+    auto w = cleave::synth_gguf(o);
+    if (!w.ok()) return 1;
+    gguf("synth.gguf", *w);
+  }
+  auto st = [&](const std::string& name, const cleave::SafetensorsWriter& w) {
+    auto b = w.to_bytes();
+    if (!b.ok() || !save(out / "safetensors" / name, *b)) std::exit(1);
+    ++n;
+  };
+  {
+    cleave::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    (void)w.add_tensor("model.embed_tokens.weight", cleave::DType::kF32, {2, 2}, f32s({1, 2, 3, 4}));
+    (void)w.add_tensor("h", cleave::DType::kF16, {3}, Bytes(6, std::byte{0x3c}));
+    (void)w.add_tensor("b", cleave::DType::kBF16, {1, 1}, Bytes(2, std::byte{0x3f}));
+    (void)w.add_tensor("s", cleave::DType::kF32, {}, f32s({7}));
+    st("mixed.safetensors", w);
+    cleave::SafetensorsWriter empty;
+    st("empty.safetensors", empty);
+  }
+  std::fprintf(stderr, "make_fuzz_seeds: wrote %d seeds under %s\n", n, out.c_str());
+  return 0;
+}
