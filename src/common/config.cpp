@@ -256,6 +256,26 @@ void register_settings(Config& c, SettingsRegistry& r) {
   r.add_int("engine.max_context", &c.engine.max_context,
             "Longest sequence (prompt + output) in tokens; 0 = the model's context length.", 0,
             1 << 24, "--max-context");
+  r.add_string("transfer.provider", &c.transfer.provider,
+               "libfabric provider: auto (efa, verbs;ofi_rxm, shm on one host, tcp;ofi_rxm) or a "
+               "name as libfabric spells it (tcp;ofi_rxm, shm, efa, ...).",
+               "--transfer-provider");
+  r.add_string("transfer.node", &c.transfer.node,
+               "Address given to fi_getinfo; empty lets the provider choose.");
+  r.add_int("transfer.rails", &c.transfer.rails,
+            "Endpoints driven in parallel (over NICs/domains when there are several).", 1, 64,
+            "--transfer-rails");
+  r.add_int("transfer.slice_bytes", &c.transfer.slice_bytes,
+            "Large writes are cut into slices of at most this many bytes.", 4096, 1ll << 30);
+  r.add_int("transfer.max_inflight_per_rail", &c.transfer.max_inflight_per_rail,
+            "Most writes in flight per rail; 0 = the provider's TX queue depth.", 0, 1 << 20);
+  r.add_int("transfer.completion_timeout_ms", &c.transfer.completion_timeout_ms,
+            "A write with no completion for this long fails and marks its peer unreachable.", 1,
+            3600000);
+  r.add_bool("transfer.delivery_complete", &c.transfer.delivery_complete,
+             "Post writes with FI_DELIVERY_COMPLETE where the provider accepts it.");
+  r.add_bool("transfer.hmem", &c.transfer.hmem,
+             "Ask for FI_HMEM (GPU memory registration) when built with CUDA.");
 }
 
 Status load_config(SettingsRegistry& registry, const std::string& file,

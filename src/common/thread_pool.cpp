@@ -4,8 +4,25 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace cleave {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
 
 int hardware_threads() {
   long n = ::sysconf(_SC_NPROCESSORS_ONLN);
@@ -30,38 +47,72 @@ ThreadPool::ThreadPool(int n_threads, std::string name)
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_start_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::run_chunk(int index) {
-  // Chunks of whole grains, spread as evenly as possible; deterministic in (n, threads, grain).
-  const int64_t grains = (n_ + grain_ - 1) / grain_;
-  const int64_t per = grains / n_threads_;
-  const int64_t extra = grains % n_threads_;
-  const int64_t g0 = index * per + std::min<int64_t>(index, extra);
-  const int64_t g1 = g0 + per + (index < extra ? 1 : 0);
-  const int64_t b = g0 * grain_;
-  const int64_t e = std::min(n_, g1 * grain_);
-  if (b < e) (*fn_)(b, e);
+template <typename Done>
+bool ThreadPool::spin_until(Done done) const {
+  const int us = spin_us_.load(std::memory_order_relaxed);
+  if (us <= 0) return done();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+    // Lets a thread that shares this core (more threads than cores, other processes) run.
+    std::this_thread::yield();
+  }
 }
 
-void ThreadPool::worker(int index) {
-  uint64_t seen = 0;
+namespace {
+inline uint32_t generation_of(uint64_t claim) { return static_cast<uint32_t>(claim >> 32); }
+inline uint32_t chunk_of(uint64_t claim) { return static_cast<uint32_t>(claim); }
+}  // namespace
+
+void ThreadPool::run_chunks(uint32_t gen) {
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mu_);
-      cv_start_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-    }
-    run_chunk(index);
-    {
+    uint64_t c = claim_.load();
+    if (generation_of(c) != gen) return;
+    const int64_t n_chunks = n_chunks_.load();
+    if (chunk_of(c) >= n_chunks) return;
+    if (!claim_.compare_exchange_weak(c, c + 1)) continue;
+    // Claimed: this generation's state stays put until its last chunk is done.
+    const int64_t chunk = chunk_of(c);
+    const int64_t n = n_.load(), grain = grain_.load();
+    const int64_t grains = (n + grain - 1) / grain;
+    const int64_t g0 = grains * chunk / n_chunks;
+    const int64_t g1 = grains * (chunk + 1) / n_chunks;
+    const int64_t b = g0 * grain;
+    const int64_t e = std::min(n, g1 * grain);
+    if (b < e) (*fn_.load())(b, e);
+    if (chunks_done_.fetch_add(1) + 1 == n_chunks && caller_sleeping_.load()) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--pending_ == 0) cv_done_.notify_one();
+      cv_done_.notify_one();
     }
+  }
+}
+
+// Sleep/wake hand-offs use sequentially consistent atomics on both sides (a sleeper publishes
+// itself, then re-checks; a waker publishes work, then checks for sleepers), so a wake-up is
+// never lost and the mutex is only taken when someone actually sleeps.
+void ThreadPool::worker(int /*index*/) {
+  uint32_t seen = 0;
+  for (;;) {
+    auto has_work = [&] { return stop_.load() || generation_of(claim_.load()) != seen; };
+    if (!spin_until(has_work)) {
+      std::unique_lock<std::mutex> lk(mu_);
+      sleeping_workers_.fetch_add(1);
+      cv_start_.wait(lk, has_work);
+      sleeping_workers_.fetch_sub(1);
+    }
+    if (stop_.load()) return;
+    seen = generation_of(claim_.load());
+    run_chunks(seen);
   }
 }
 
@@ -73,19 +124,28 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     fn(0, n);
     return;
   }
-  {
+  const int64_t grains = (n + grain - 1) / grain;
+  const int64_t n_chunks =
+      std::min<int64_t>(grains, static_cast<int64_t>(n_threads_) * kChunksPerThread);
+  fn_.store(&fn);
+  n_.store(n);
+  grain_.store(grain);
+  n_chunks_.store(n_chunks);
+  chunks_done_.store(0);
+  const uint32_t gen = generation_of(claim_.load()) + 1;
+  claim_.store(static_cast<uint64_t>(gen) << 32);
+  if (sleeping_workers_.load() > 0) {
     std::lock_guard<std::mutex> lk(mu_);
-    fn_ = &fn;
-    n_ = n;
-    grain_ = grain;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    cv_start_.notify_all();
   }
-  cv_start_.notify_all();
-  run_chunk(0);
-  std::unique_lock<std::mutex> lk(mu_);
-  cv_done_.wait(lk, [&] { return pending_ == 0; });
-  fn_ = nullptr;
+  run_chunks(gen);
+  auto all_done = [&] { return chunks_done_.load() == n_chunks; };
+  if (!spin_until(all_done)) {
+    std::unique_lock<std::mutex> lk(mu_);
+    caller_sleeping_.store(true);
+    cv_done_.wait(lk, all_done);
+    caller_sleeping_.store(false);
+  }
 }
 
 }  // namespace cleave

@@ -84,10 +84,36 @@ struct EngineSettings {
   int64_t max_context = 0;  // 0 = the model's context length
 };
 
+// The libfabric transfer engine (src/transfer).
+struct TransferSettings {
+  // "auto" (efa, then verbs;ofi_rxm, then shm when every peer is on this host, then
+  // tcp;ofi_rxm) or a provider as libfabric spells it: "tcp;ofi_rxm", "shm", "efa", ...
+  std::string provider = "auto";
+  // Node (address) passed to fi_getinfo; empty lets the provider choose. "127.0.0.1" pins
+  // socket-based providers to loopback.
+  std::string node;
+  // Endpoints the engine drives in parallel. Spread over distinct domains (NICs) when the
+  // provider offers several, else several endpoints on one domain.
+  int64_t rails = 1;
+  // Large writes are cut into slices of at most this many bytes, spread over the rails.
+  int64_t slice_bytes = 1 << 20;
+  // Most writes in flight per rail; 0 = the provider's TX queue depth.
+  int64_t max_inflight_per_rail = 0;
+  // A posted write (or notice) that sees no completion from its peer for this long fails its
+  // transfer with DEADLINE_EXCEEDED and marks the peer unreachable.
+  int64_t completion_timeout_ms = 5000;
+  // Post writes with FI_DELIVERY_COMPLETE when the provider accepts it (the notice is always
+  // sent only after every write of its batch has completed).
+  bool delivery_complete = true;
+  // Ask for FI_HMEM (GPU memory registration) when built with CUDA.
+  bool hmem = true;
+};
+
 struct Config {
   LogSettings log;
   ModelSettings model;
   EngineSettings engine;
+  TransferSettings transfer;
 };
 
 // Binds every field of `config` to `registry`.

@@ -1,11 +1,20 @@
 // A fixed pool of named worker threads for data-parallel loops inside one engine step.
 //
-// parallel_for splits [0, n) into contiguous chunks, one per thread, deterministically (the
-// split depends only on n and the thread count). Work items must be independent: each output
-// element is computed by exactly one thread, so results never depend on the thread count.
-// Not re-entrant: one parallel_for at a time per pool (the engine thread owns the pool).
+// parallel_for splits [0, n) into contiguous chunks (up to kChunksPerThread per thread), with
+// boundaries that depend only on n, the thread count and the grain. Which thread runs which chunk
+// is decided at run time: every thread, the caller included, takes the next unclaimed chunk, so
+// a thread that the OS has not scheduled yet never holds the loop up. Work items must therefore
+// be independent: each index is handed to exactly one fn call, and results must not depend on
+// which thread makes it. Not re-entrant: one parallel_for at a time per pool (the engine thread
+// owns the pool).
+//
+// Latency: a decode step calls parallel_for tens of times, so waking sleeping threads through a
+// condition variable each time would dominate for small models. After each loop the workers
+// (and the caller, while waiting for them) spin for a bounded time (spin_microseconds) before
+// they sleep; they never spin longer than that, and yield the core while they spin.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -25,26 +34,46 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  static constexpr int kChunksPerThread = 4;
+
   int size() const { return n_threads_; }
   // fn(begin, end) over contiguous chunks of [0, n); chunk boundaries are multiples of `grain`
-  // (except the end). Returns when all chunks are done.
+  // (except the end). Runs on the caller alone when n <= grain or the pool has one thread.
+  // Returns when all chunks are done.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
+
+  // How long idle threads spin before sleeping (default 100 us; 0 = sleep at once).
+  void set_spin_microseconds(int us) { spin_us_.store(us < 0 ? 0 : us); }
+  int spin_microseconds() const { return spin_us_.load(); }
 
  private:
   void worker(int index);
-  void run_chunk(int index);
+  // Claims and runs chunks of generation `gen` until none is left.
+  void run_chunks(uint32_t gen);
+  // Spins until done() or the spin budget is spent; returns done().
+  template <typename Done>
+  bool spin_until(Done done) const;
 
   int n_threads_;
   std::vector<std::thread> threads_;
+  std::atomic<int> spin_us_{100};
   std::mutex mu_;
   std::condition_variable cv_start_;
   std::condition_variable cv_done_;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_ = 0;
-  int64_t grain_ = 1;
+  // High 32 bits: the loop's generation; low 32 bits: the next unclaimed chunk. A claim is a
+  // compare-and-swap on both, so a thread that wakes late can never claim a chunk of a newer
+  // loop with the state of an older one.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int64_t> chunks_done_{0};
+  std::atomic<int> sleeping_workers_{0};
+  std::atomic<bool> caller_sleeping_{false};
+  std::atomic<bool> stop_{false};
+  // The current loop; written by the caller before claim_ publishes a new generation, stable
+  // until every chunk of it is done.
+  std::atomic<const std::function<void(int64_t, int64_t)>*> fn_{nullptr};
+  std::atomic<int64_t> n_{0};
+  std::atomic<int64_t> grain_{1};
+  std::atomic<int64_t> n_chunks_{0};
 };
 
 // Online CPU count (at least 1).

@@ -8,20 +8,28 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "cleave/common/thread_pool.h"
 #include "cleave/model/tensor_view.h"
 
 namespace cleave::cpu {
 
-// Name of the kernel set chosen at run time ("avx2" or "generic").
+// Name of the kernel set chosen at run time ("avx2" or "generic"). The environment variable
+// CLEAVE_CPU_KERNELS=generic forces the portable set.
 const char* kernel_isa();
+// Switches the kernel set ("avx2", "generic"); false (and no change) when the name is unknown or
+// this CPU cannot run it. For tests and benchmarks: call it while no kernel is running. Results
+// are batch invariant within one kernel set; two sets may differ in the last bits.
+bool set_kernel_isa(std::string_view name);
 
 // dot of row `r` of matrix `w` ([rows, n], any dtype) with f32 vector x of n elements.
 float dot_row(const TensorView& w, int64_t r, const float* x);
 
 // y[t * out_stride + r] = dot(w[r], x[t * in_stride .. + n]) for every row r of w and token t in
-// [0, n_tokens). Threaded over rows (and tokens) through `pool`.
+// [0, n_tokens). Threaded over rows through `pool`; bit-identical to dot_row for every (r, t),
+// whatever n_tokens and the pool size. Decode (1 token) streams each weight row once; prefill
+// applies each small block of rows to every token while it is in cache.
 void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_stride,
             int64_t n_tokens, float* y, int64_t out_stride);
 

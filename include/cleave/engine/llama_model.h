@@ -13,6 +13,7 @@
 
 #include "cleave/common/status.h"
 #include "cleave/common/thread_pool.h"
+#include "cleave/engine/backend.h"
 #include "cleave/model/model_file.h"
 
 namespace cleave {
@@ -20,20 +21,28 @@ namespace cleave {
 struct EngineOptions {
   int threads = 0;             // compute threads; 0 = one per online CPU
   int64_t max_context = 0;     // 0 = the model's context_length
+  // Most tokens run through one layer at a time; forward() splits longer inputs into chunks of
+  // this size (scratch memory is sized for it). Logits do not depend on it (batch invariance).
+  int64_t max_batch_tokens = 256;
 };
 
 // KV cache of one sequence, contiguous: for each layer, K and V of [max_context, n_kv_heads,
 // head_dim] floats. (The paged, multi-sequence cache comes with src/kvcache.)
 class KvCache {
  public:
+  // Zero-filled; capacity is max_context positions.
   KvCache(const ModelConfig& cfg, int64_t max_context);
+  int64_t n_layers() const { return n_layers_; }
   int64_t capacity() const { return capacity_; }
+  // K / V of `layer` at `pos`: kv_dim() floats; positions of a layer are contiguous.
   float* k(int64_t layer, int64_t pos);
   float* v(int64_t layer, int64_t pos);
+  const float* k(int64_t layer, int64_t pos) const;
+  const float* v(int64_t layer, int64_t pos) const;
   int64_t kv_dim() const { return kv_dim_; }
 
  private:
-  int64_t capacity_, kv_dim_, layer_stride_;
+  int64_t n_layers_, capacity_, kv_dim_, layer_stride_;
   std::vector<float> k_, v_;
 };
 
@@ -47,14 +56,22 @@ class LlamaModel {
   const ModelConfig& config() const;
   int64_t max_context() const;
   ThreadPool& pool();
+  Backend& backend();
+  // A KV cache sized for this model (max_context positions).
+  KvCache make_cache() const;
 
   // Runs `tokens` at positions [start_pos, start_pos + tokens.size()) of the sequence whose KV
   // is in `cache` (positions < start_pos must already be there). Writes the logits of the last
-  // token (vocab_size floats) to `logits`. OutOfRange when the context would overflow.
-  Status forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
+  // token (vocab_size floats) to `logits`. OutOfRange when the context would overflow (the
+  // cache's capacity or max_context), InvalidArgument for an empty input, a token id outside
+  // the vocabulary, a too-small `logits` or a cache of another model's geometry.
+  // No allocation after the first call.
+  [[nodiscard]] Status forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
                  std::span<float> logits);
 
-  // Bytes of weights read per decode step (every matrix once), for bandwidth floors.
+  // Bytes of weights read per decode step, for bandwidth floors: every tensor the step reads
+  // once, as stored in the file (layer matrices, norms, biases, final norm, output matrix --
+  // the token embedding itself when tied); the one embedding row looked up is excluded.
   uint64_t weight_bytes_per_token() const;
 
  private:

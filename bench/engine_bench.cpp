@@ -1,0 +1,188 @@
+// Engine bench: prefill and single-sequence decode rates of a model file on the CPU engine, beside
+// the floor that memory bandwidth sets for decode (every weight byte read once per token).
+//
+//   engine_bench --model FILE [--threads N] [--prompt-tokens P] [--gen-tokens G] [--json FILE]
+//
+// The prompt is P deterministic token ids; decode continues greedily for G tokens. A short
+// warm-up run first faults the mmapped weights in, so the timings are steady-state rates.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cleave/common/status.h"
+#include "cleave/engine/cpu_kernels.h"
+#include "cleave/engine/llama_model.h"
+#include "cleave/model/model_file.h"
+#include "copy_bandwidth.h"
+
+namespace {
+
+struct Options {
+  std::string model;
+  int threads = 0;
+  int64_t prompt_tokens = 128;
+  int64_t gen_tokens = 64;
+  std::string json;
+};
+
+struct Figures {
+  double load_s = 0;
+  double prefill_tok_s = 0;
+  double decode_tok_s = 0;
+  uint64_t weight_bytes_per_token = 0;
+  double copy_bytes_per_s = 0;
+  double floor_tok_s = 0;
+  double decode_over_floor = 0;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  if (!problem.empty()) fmt::print(stderr, "engine_bench: {}\n", problem);
+  fmt::print(stderr,
+             "usage: engine_bench --model FILE [--threads N] [--prompt-tokens P] "
+             "[--gen-tokens G] [--json FILE]\n");
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    auto number = [&](int64_t min) -> int64_t {
+      const std::string v = value();
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || n < min)
+        usage(fmt::format("{} wants an integer >= {}, got '{}'", a, min, v));
+      return n;
+    };
+    if (a == "--model") o.model = value();
+    else if (a == "--threads") o.threads = static_cast<int>(number(0));
+    else if (a == "--prompt-tokens") o.prompt_tokens = number(1);
+    else if (a == "--gen-tokens") o.gen_tokens = number(1);
+    else if (a == "--json") o.json = value();
+    else if (a == "--help" || a == "-h") usage("");
+    else usage("unknown argument '" + a + "'");
+  }
+  if (o.model.empty()) usage("--model is required");
+  return o;
+}
+
+// A JSON string literal (quotes, backslashes and control characters escaped).
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    else out += c;
+  }
+  return out + "\"";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int32_t argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+cleave::Status run(const Options& o, Figures& f) {
+  const auto t_load = std::chrono::steady_clock::now();
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<cleave::ModelFile> file, cleave::load_model(o.model));
+  std::shared_ptr<const cleave::ModelFile> shared(std::move(file));
+  cleave::EngineOptions eo;
+  eo.threads = o.threads;
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<cleave::LlamaModel> model,
+                          cleave::LlamaModel::create(shared, eo));
+  f.load_s = seconds_since(t_load);
+
+  const auto& cfg = model->config();
+  if (o.prompt_tokens + o.gen_tokens > model->max_context())
+    return cleave::InvalidArgument(fmt::format(
+        "--prompt-tokens {} + --gen-tokens {} exceed the model's context of {} positions",
+        o.prompt_tokens, o.gen_tokens, model->max_context()));
+  std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
+  for (int64_t i = 0; i < o.prompt_tokens; ++i)
+    prompt[i] = static_cast<int32_t>((i * 7919 + 13) % cfg.vocab_size);
+  std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
+
+  // Same threads as the model, measured while the model is idle.
+  const auto copy = cleave::bench::measure_copy_bandwidth(model->pool());
+  f.copy_bytes_per_s = copy.bytes_per_s;
+
+  {  // warm-up: faults the weights in and sizes the scratch buffers
+    cleave::KvCache warm = model->make_cache();
+    CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), std::min<size_t>(prompt.size(), 8)}, 0,
+                                          warm, logits));
+    CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), 1}, 8, warm, logits));
+  }
+
+  cleave::KvCache cache = model->make_cache();
+  auto t0 = std::chrono::steady_clock::now();
+  CLEAVE_RETURN_IF_ERROR(model->forward(prompt, 0, cache, logits));
+  f.prefill_tok_s = static_cast<double>(o.prompt_tokens) / seconds_since(t0);
+
+  int32_t next = argmax(logits);
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.gen_tokens; ++i) {
+    CLEAVE_RETURN_IF_ERROR(model->forward({&next, 1}, o.prompt_tokens + i, cache, logits));
+    next = argmax(logits);
+  }
+  f.decode_tok_s = static_cast<double>(o.gen_tokens) / seconds_since(t0);
+
+  f.weight_bytes_per_token = model->weight_bytes_per_token();
+  f.floor_tok_s = f.copy_bytes_per_s / static_cast<double>(f.weight_bytes_per_token);
+  f.decode_over_floor = f.decode_tok_s / f.floor_tok_s;
+
+  fmt::print("model:                 {}\n", o.model);
+  fmt::print("kernels / threads:     {} / {}\n", cleave::cpu::kernel_isa(), model->pool().size());
+  fmt::print("load:                  {:.3f} s\n", f.load_s);
+  fmt::print("prefill:               {:.1f} tok/s ({} tokens)\n", f.prefill_tok_s, o.prompt_tokens);
+  fmt::print("decode:                {:.1f} tok/s ({} tokens)\n", f.decode_tok_s, o.gen_tokens);
+  fmt::print("weight bytes / token:  {} ({:.1f} MiB)\n", f.weight_bytes_per_token,
+             static_cast<double>(f.weight_bytes_per_token) / (1 << 20));
+  fmt::print("copy bandwidth:        {:.2f} GB/s (read+write)\n", f.copy_bytes_per_s / 1e9);
+  fmt::print("bandwidth floor:       {:.1f} tok/s\n", f.floor_tok_s);
+  fmt::print("decode / floor:        {:.3f}\n", f.decode_over_floor);
+
+  if (!o.json.empty()) {
+    std::FILE* out = std::fopen(o.json.c_str(), "w");
+    if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
+    fmt::print(out,
+               "{{\"model\": {}, \"kernels\": \"{}\", \"threads\": {}, \"prompt_tokens\": {}, "
+               "\"gen_tokens\": {}, \"load_seconds\": {:.6f}, \"prefill_tokens_per_s\": {:.3f}, "
+               "\"decode_tokens_per_s\": {:.3f}, \"weight_bytes_per_token\": {}, "
+               "\"copy_bandwidth_bytes_per_s\": {:.0f}, \"bandwidth_floor_tokens_per_s\": {:.3f}, "
+               "\"decode_over_floor\": {:.4f}}}\n",
+               json_string(o.model), cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
+               o.gen_tokens, f.load_s, f.prefill_tok_s, f.decode_tok_s,
+               f.weight_bytes_per_token, f.copy_bytes_per_s, f.floor_tok_s,
+               f.decode_over_floor);
+    const bool ok = std::fclose(out) == 0;
+    if (!ok) return cleave::InvalidArgument("cannot write --json file " + o.json);
+  }
+  return cleave::Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  Figures f;
+  const cleave::Status st = run(o, f);
+  if (!st.ok()) {
+    fmt::print(stderr, "engine_bench: {}\n", st.to_string());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,126 @@
+// Kernel bench: copy bandwidth, then matrix-vector (decode) and matrix-matrix (prefill) rates
+// for each weight dtype on large matrices.
+//
+//   kernel_bench [--threads N] [--rounds R] [--isa avx2|generic]
+//
+// The matrices are replicated so that each pass streams far more than the last-level cache:
+// the decode figures are memory rates, comparable with the copy bandwidth (ratio matvec/copy).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cleave/engine/cpu_kernels.h"
+#include "copy_bandwidth.h"
+
+namespace {
+
+using cleave::DType;
+using cleave::TensorView;
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+// `copies` independent matrices of one shape and dtype, filled with small random values.
+std::vector<std::vector<std::byte>> make_weights(DType dtype, Shape s, int copies) {
+  const uint64_t bytes = *cleave::dtype_row_bytes(dtype, s.cols) * static_cast<uint64_t>(s.rows);
+  std::mt19937 rng(1);
+  std::vector<std::vector<std::byte>> out(static_cast<size_t>(copies));
+  for (auto& buf : out) {
+    buf.resize(bytes);
+    auto* p = reinterpret_cast<uint16_t*>(buf.data());
+    for (uint64_t i = 0; i < bytes / 2; ++i) p[i] = static_cast<uint16_t>(rng() & 0x3bff);
+  }
+  return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 0, rounds = 5;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        fmt::print(stderr, "kernel_bench: {} needs a value\n", a);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--threads") {
+      threads = std::atoi(value().c_str());
+    } else if (a == "--rounds") {
+      rounds = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--isa") {
+      std::string isa = value();
+      if (!cleave::cpu::set_kernel_isa(isa)) {
+        fmt::print(stderr, "kernel_bench: kernel set '{}' is unknown or unsupported here\n", isa);
+        return 2;
+      }
+    } else {
+      fmt::print(stderr, "usage: kernel_bench [--threads N] [--rounds R] [--isa avx2|generic]\n");
+      return 2;
+    }
+  }
+  cleave::ThreadPool pool(threads, "bench");
+  const auto copy = cleave::bench::measure_copy_bandwidth(pool);
+  fmt::print("kernels: {}   threads: {}\n", cleave::cpu::kernel_isa(), pool.size());
+  fmt::print("copy bandwidth: {:.2f} GB/s (read+write, {} MiB buffer, best of 7)\n",
+             copy.bytes_per_s / 1e9, copy.buffer_bytes >> 20);
+
+  const uint64_t stream_target = uint64_t{256} << 20;  // bytes per pass, >> LLC
+  // The last shape fits in L2: its rate is the kernel's compute limit, not memory's.
+  const Shape shapes[] = {{4096, 4096}, {2048, 8192}, {8192, 2048}, {128, 1024}};
+  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
+  fmt::print("\n{:<6} {:>11} {:>10} {:>12} {:>10}   {:>16}\n", "dtype", "shape", "matvec GB/s",
+             "ratio/copy", "us/matvec", "prefill64 GFLOP/s");
+  for (DType dtype : dtypes) {
+    for (Shape s : shapes) {
+      const uint64_t bytes = *cleave::dtype_row_bytes(dtype, s.cols) * static_cast<uint64_t>(s.rows);
+      const bool in_cache = bytes <= (uint64_t{1} << 20);
+      const int copies =
+          in_cache ? 1 : static_cast<int>(std::max<uint64_t>(2, stream_target / bytes));
+      auto weights = make_weights(dtype, s, copies);
+      std::vector<TensorView> views(static_cast<size_t>(copies));
+      for (int c = 0; c < copies; ++c)
+        views[c] = TensorView{"w", dtype, {s.rows, s.cols}, weights[c].data(), bytes};
+      const int64_t tokens = 64;
+      std::vector<float> x(static_cast<size_t>(s.cols * tokens), 0.5f);
+      std::vector<float> y(static_cast<size_t>(s.rows * tokens));
+
+      for (const auto& v : views) cleave::cpu::matmul(pool, v, x.data(), s.cols, 1, y.data(), s.rows);
+      double best = 1e30;
+      const int reps = in_cache ? 200 : 1;
+      for (int r = 0; r < rounds; ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < reps; ++k)
+          for (const auto& v : views)
+            cleave::cpu::matmul(pool, v, x.data(), s.cols, 1, y.data(), s.rows);
+        best = std::min(best, seconds_since(t0) / copies / reps);
+      }
+      const double gbps = static_cast<double>(bytes) / best;
+
+      double best_prefill = 1e30;
+      for (int r = 0; r < std::max(2, rounds / 2); ++r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        cleave::cpu::matmul(pool, views[0], x.data(), s.cols, tokens, y.data(), s.rows);
+        best_prefill = std::min(best_prefill, seconds_since(t0));
+      }
+      const double gflops = 2.0 * s.rows * s.cols * tokens / best_prefill / 1e9;
+      fmt::print("{:<6} {:>5}x{:<5} {:>10.2f} {:>12.3f} {:>10.1f}   {:>16.1f}{}\n",
+                 cleave::dtype_name(dtype), s.rows, s.cols, gbps / 1e9, gbps / copy.bytes_per_s,
+                 best * 1e6, gflops, in_cache ? "   (in L2: compute limit)" : "");
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,108 @@
+// Run-time choice of the kernel set, and the single-row entry points of cpu_kernels.h.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "cleave/engine/cpu_kernels.h"
+#include "kernel_set.h"
+
+namespace cleave::cpu {
+namespace detail {
+
+bool cpu_has_avx2_kernels() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+const KernelSet* default_kernels() {
+  // CLEAVE_CPU_KERNELS=generic forces the portable set (to compare or debug).
+  const char* env = std::getenv("CLEAVE_CPU_KERNELS");
+  if (env != nullptr && std::string_view(env) == "generic") return &generic_kernels();
+  return cpu_has_avx2_kernels() ? &avx2_kernels() : &generic_kernels();
+}
+
+std::atomic<const KernelSet*>& active_slot() {
+  static std::atomic<const KernelSet*> slot{default_kernels()};
+  return slot;
+}
+
+}  // namespace
+
+const KernelSet& active_kernels() { return *active_slot().load(std::memory_order_relaxed); }
+
+}  // namespace detail
+
+const char* kernel_isa() { return detail::active_kernels().name; }
+
+bool set_kernel_isa(std::string_view name) {
+  const detail::KernelSet* set = nullptr;
+  if (name == "generic") set = &detail::generic_kernels();
+  if (name == "avx2" && detail::cpu_has_avx2_kernels()) set = &detail::avx2_kernels();
+  if (set == nullptr) return false;
+  detail::active_slot().store(set);
+  return true;
+}
+
+float dot_row(const TensorView& w, int64_t r, const float* x) {
+  const int64_t n = w.cols();
+  const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
+  float y = 0.0f;
+  detail::active_kernels().dot_tile[static_cast<size_t>(w.dtype)](
+      w.data + static_cast<uint64_t>(r) * row_bytes, row_bytes, 1, x, 0, 1, n, &y, 0);
+  return y;
+}
+
+namespace {
+
+void elements_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
+  switch (dtype) {
+    case DType::kF32:
+      std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case DType::kF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+      return;
+    case DType::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+      return;
+    case DType::kQ8_0:
+      for (int64_t b = 0; b < n / kQ8_0BlockElems; ++b) {
+        BlockQ8_0 blk;
+        std::memcpy(&blk, src + b * static_cast<int64_t>(sizeof(BlockQ8_0)), sizeof blk);
+        const float scale = f16_to_f32(blk.scale);
+        for (int j = 0; j < kQ8_0BlockElems; ++j)
+          out[b * kQ8_0BlockElems + j] = scale * static_cast<float>(blk.q[j]);
+      }
+      return;
+  }
+}
+
+}  // namespace
+
+void row_to_f32(const TensorView& w, int64_t r, float* out) {
+  const int64_t n = w.cols();
+  const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
+  elements_to_f32(w.dtype, w.data + static_cast<uint64_t>(r) * row_bytes, n, out);
+}
+
+void tensor_to_f32(const TensorView& w, float* out) {
+  elements_to_f32(w.dtype, w.data, w.elements(), out);
+}
+
+}  // namespace cleave::cpu

@@ -1,0 +1,55 @@
+// matmul: rows of the weight matrix spread over the thread pool; inside a thread, a block of rows
+// small enough to stay in L1/L2 is applied to every token, a few rows and tokens per kernel call.
+// Each (row, token) result comes from the same reduction whatever the tiling (kernel_set.h).
+#include <algorithm>
+
+#include "cleave/engine/cpu_kernels.h"
+#include "kernel_set.h"
+
+namespace cleave::cpu {
+namespace {
+
+// Below this many multiply-adds a parallel_for costs more than it saves.
+constexpr int64_t kMinMacsPerChunk = 32 * 1024;
+// Bytes of weight rows kept hot while every token of the batch passes over them.
+constexpr uint64_t kRowBlockBytes = 32 * 1024;
+
+}  // namespace
+
+void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_stride,
+            int64_t n_tokens, float* y, int64_t out_stride) {
+  const int64_t rows = w.rows();
+  const int64_t n = w.cols();
+  if (rows <= 0 || n_tokens <= 0) return;
+  const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
+  const detail::DotTileFn dot_tile =
+      detail::active_kernels().dot_tile[static_cast<size_t>(w.dtype)];
+  constexpr int kTileRows = detail::kMaxTileRows;
+  const int tile_tokens = n_tokens == 1 ? 1 : 3;
+  const int64_t block_rows = std::max<int64_t>(
+      kTileRows, static_cast<int64_t>(kRowBlockBytes / std::max<uint64_t>(row_bytes, 1)) /
+                     kTileRows * kTileRows);
+
+  auto run_rows = [&](int64_t r_begin, int64_t r_end) {
+    // One token: a single pass over the rows, streaming each once.
+    const int64_t step = n_tokens == 1 ? r_end - r_begin : block_rows;
+    for (int64_t rb = r_begin; rb < r_end; rb += step) {
+      const int64_t rb_end = std::min(r_end, rb + step);
+      for (int64_t t = 0; t < n_tokens; t += tile_tokens) {
+        const int nt = static_cast<int>(std::min<int64_t>(tile_tokens, n_tokens - t));
+        for (int64_t r = rb; r < rb_end; r += kTileRows) {
+          const int nr = static_cast<int>(std::min<int64_t>(kTileRows, rb_end - r));
+          dot_tile(w.data + static_cast<uint64_t>(r) * row_bytes, row_bytes, nr,
+                   x + t * in_stride, in_stride, nt, n, y + t * out_stride + r, out_stride);
+        }
+      }
+    }
+  };
+
+  const int64_t macs_per_row = std::max<int64_t>(1, n * n_tokens);
+  int64_t grain = (kMinMacsPerChunk + macs_per_row - 1) / macs_per_row;
+  grain = (grain + kTileRows - 1) / kTileRows * kTileRows;
+  pool.parallel_for(rows, run_rows, grain);
+}
+
+}  // namespace cleave::cpu

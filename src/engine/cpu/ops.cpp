@@ -1,0 +1,52 @@
+// Plain f32 helpers of cpu_kernels.h. Reductions use the dot kernels' fixed order; element-wise
+// operations are independent per element, so vectorisation cannot change their results.
+#include <algorithm>
+#include <cmath>
+
+#include "cleave/engine/cpu_kernels.h"
+#include "kernel_set.h"
+
+namespace cleave::cpu {
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float y = 0.0f;
+  detail::active_kernels().dot_tile[static_cast<size_t>(DType::kF32)](
+      reinterpret_cast<const std::byte*>(a), 0, 1, b, 0, 1, n, &y, 0);
+  return y;
+}
+
+void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out) {
+  const float sum_sq = dot_f32(x, x, n);
+  const float scale = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
+}
+
+void softmax(float* x, int64_t n) {
+  if (n <= 0) return;
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add_inplace(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void axpy(float* y, float a, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace cleave::cpu

@@ -1,2 +1,0 @@
-// PLACEHOLDER: removed once the engine has sources.
-namespace cleave {}

@@ -1,0 +1,128 @@
+// Single-sequence generation loop: prefill, then sample / detokenize / decode one token a step.
+#include "cleave/engine/generator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "fmt/format.h"
+
+namespace cleave {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+}  // namespace
+
+std::string_view finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
+Generator::Generator(LlamaModel& model, const Tokenizer& tokenizer)
+    : model_(model),
+      tokenizer_(tokenizer),
+      cache_(model.make_cache()),
+      logits_(static_cast<size_t>(model.config().vocab_size), 0.0f) {}
+
+Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt,
+                                             const SamplingParams& params,
+                                             const TokenCallback& on_token) {
+  const int64_t vocab = model_.config().vocab_size;
+  const int64_t context = std::min(model_.max_context(), cache_.capacity());
+  if (prompt.empty()) return InvalidArgument("generate: the prompt has no tokens (add BOS)");
+  if (static_cast<int64_t>(prompt.size()) > context) {
+    return OutOfRange(fmt::format("generate: the prompt has {} tokens, the context holds {}",
+                                  prompt.size(), context));
+  }
+  CLEAVE_RETURN_IF_ERROR(params.validate(static_cast<int32_t>(vocab)));
+
+  GenerationResult result;
+  result.stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (params.max_tokens <= 0) return result;
+
+  const auto t_prefill = std::chrono::steady_clock::now();
+  CLEAVE_RETURN_IF_ERROR(model_.forward(prompt, 0, cache_, logits_));
+  result.stats.prefill_seconds = seconds_since(t_prefill);
+  const auto t_decode = std::chrono::steady_clock::now();
+
+  // Ids that end generation; suppressed while fewer than min_tokens have been generated.
+  std::vector<int32_t> end_ids = params.stop_token_ids;
+  if (!params.ignore_eos) {
+    for (int32_t id = 0; id < vocab; ++id) {
+      if (tokenizer_.is_end_of_generation(id) && !contains(end_ids, id)) end_ids.push_back(id);
+    }
+  }
+
+  StreamDecoder decoder(tokenizer_);
+  // The decoder strips the leading space of its first piece, which is right only after BOS.
+  // Otherwise it is primed with the last prompt token, whose own text is not output.
+  if (prompt.back() != tokenizer_.bos_id()) (void)decoder.push(prompt.back());
+  StopMatcher stops(params.stop);
+
+  std::vector<int32_t>& generated = result.tokens;
+  generated.reserve(static_cast<size_t>(params.max_tokens));
+  int64_t pos = static_cast<int64_t>(prompt.size());
+  for (;;) {
+    const bool before_min = static_cast<int32_t>(generated.size()) < params.min_tokens;
+    GeneratedToken ev;
+    ev.sample = sample_token(logits_, params, prompt, generated, static_cast<uint64_t>(pos),
+                             before_min ? std::span<const int32_t>(end_ids)
+                                        : std::span<const int32_t>());
+    ev.token = ev.sample.token;
+    generated.push_back(ev.token);
+    if (params.logprobs >= 0) result.logprobs.push_back(ev.sample);
+
+    const bool end_token = contains(end_ids, ev.token);
+    bool ending = end_token;
+    if (end_token) {
+      result.finish_reason = FinishReason::kStop;
+    } else if (static_cast<int32_t>(generated.size()) >= params.max_tokens || pos >= context) {
+      // max_tokens reached, or no room left to run this token.
+      result.finish_reason = FinishReason::kLength;
+      ending = true;
+    }
+
+    StopMatcher::Update upd = stops.push(end_token ? std::string() : decoder.push(ev.token));
+    ev.text = std::move(upd.emit);
+    if (upd.stopped) {
+      result.finish_reason = FinishReason::kStop;
+      result.stop_string = upd.matched;
+      ending = true;
+    } else if (ending) {
+      StopMatcher::Update tail = stops.push(decoder.flush());
+      ev.text += tail.emit;
+      if (tail.stopped) {
+        result.finish_reason = FinishReason::kStop;
+        result.stop_string = tail.matched;
+      } else {
+        ev.text += stops.flush();
+      }
+    }
+    result.text += ev.text;
+    const bool keep_going = on_token ? on_token(ev) : true;
+    if (ending) break;
+    if (!keep_going) {
+      result.finish_reason = FinishReason::kCancelled;
+      break;
+    }
+    const int32_t token = ev.token;
+    CLEAVE_RETURN_IF_ERROR(model_.forward(std::span<const int32_t>(&token, 1), pos, cache_, logits_));
+    ++pos;
+    ++result.stats.decode_steps;
+  }
+  result.stats.generated_tokens = static_cast<int64_t>(generated.size());
+  result.stats.decode_seconds = seconds_since(t_decode);
+  return result;
+}
+
+}  // namespace cleave

@@ -1,0 +1,316 @@
+// The Llama-family forward pass over a Backend.
+#include "cleave/engine/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "cleave/engine/cpu_kernels.h"
+#include "fmt/format.h"
+
+namespace cleave {
+namespace {
+
+struct LayerWeights {
+  const TensorView* attn_q = nullptr;
+  const TensorView* attn_k = nullptr;
+  const TensorView* attn_v = nullptr;
+  const TensorView* attn_output = nullptr;
+  const TensorView* ffn_gate = nullptr;
+  const TensorView* ffn_up = nullptr;
+  const TensorView* ffn_down = nullptr;
+  std::vector<float> attn_norm, ffn_norm;
+  std::vector<float> q_bias, k_bias, v_bias;  // empty without QKV bias
+};
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Result<const TensorView*> find_matrix(const ModelFile& file, const std::string& name,
+                                      int64_t rows, int64_t cols) {
+  const TensorView* t = file.tensor(name);
+  if (t == nullptr) return NotFound(fmt::format("model tensor '{}' is missing", name));
+  if (t->shape.size() != 2 || t->rows() != rows || t->cols() != cols) {
+    return InvalidArgument(fmt::format("model tensor '{}' has shape {}, expected [{}, {}]", name,
+                                       shape_str(t->shape), rows, cols));
+  }
+  if (t->data == nullptr) return DataLoss(fmt::format("model tensor '{}' has no data", name));
+  return t;
+}
+
+// A 1-D tensor of n elements (norm weight, bias) converted to f32.
+Result<std::vector<float>> load_vector(const ModelFile& file, const std::string& name,
+                                       int64_t n) {
+  const TensorView* t = file.tensor(name);
+  if (t == nullptr) return NotFound(fmt::format("model tensor '{}' is missing", name));
+  if (t->elements() != n || t->rows() != 1) {
+    return InvalidArgument(fmt::format("model tensor '{}' has shape {}, expected [{}]", name,
+                                       shape_str(t->shape), n));
+  }
+  if (t->data == nullptr) return DataLoss(fmt::format("model tensor '{}' has no data", name));
+  std::vector<float> out(static_cast<size_t>(n));
+  cpu::tensor_to_f32(*t, out.data());
+  return out;
+}
+
+// Angular frequency of each rotated pair of a head, with the configured scaling. The base
+// frequencies are computed in float as llama2.c and GGML do (theta^(-2j/d)). Llama-3 divisors are
+// computed in double as llama.cpp's converter computes the rope_freqs tensor (which the GGUF
+// loader checks against the config), so that GGUF and HF files of one model run identically.
+Result<std::vector<float>> rope_frequencies(const ModelConfig& cfg) {
+  const int64_t half = cfg.head_dim / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) {
+    inv_freq[j] = 1.0f / std::pow(cfg.rope_theta, static_cast<float>(2 * j) /
+                                                      static_cast<float>(cfg.head_dim));
+  }
+  const RopeScaling& rs = cfg.rope_scaling;
+  switch (rs.type) {
+    case RopeScaling::Type::kNone:
+      break;
+    case RopeScaling::Type::kLinear:
+      if (!(rs.factor > 0.0f)) {
+        return InvalidArgument(fmt::format("rope scaling factor {} must be positive", rs.factor));
+      }
+      for (auto& f : inv_freq) f /= rs.factor;
+      break;
+    case RopeScaling::Type::kLlama3: {
+      if (!(rs.factor > 0.0f) || !(rs.high_freq_factor > rs.low_freq_factor) ||
+          !(rs.low_freq_factor > 0.0f) || rs.original_context <= 0) {
+        return InvalidArgument(fmt::format(
+            "llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
+            "original_max_position_embeddings > 0 (got {}, {}, {}, {})",
+            rs.factor, rs.high_freq_factor, rs.low_freq_factor, rs.original_context));
+      }
+      const double lo = rs.low_freq_factor, hi = rs.high_freq_factor, factor = rs.factor;
+      const double old_ctx = static_cast<double>(rs.original_context);
+      const double low_wavelen = old_ctx / lo;
+      const double high_wavelen = old_ctx / hi;
+      for (int64_t j = 0; j < half; ++j) {
+        const double freq = 1.0 / std::pow(static_cast<double>(cfg.rope_theta),
+                                           static_cast<double>(2 * j) /
+                                               static_cast<double>(cfg.head_dim));
+        const double wavelen = 2.0 * std::numbers::pi / freq;
+        double divisor = 1.0;
+        if (wavelen > low_wavelen) {
+          divisor = factor;
+        } else if (wavelen >= high_wavelen) {
+          const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+          divisor = 1.0 / ((1.0 - smooth) / factor + smooth);
+        }
+        inv_freq[j] /= static_cast<float>(divisor);
+      }
+      break;
+    }
+  }
+  return inv_freq;
+}
+
+}  // namespace
+
+struct LlamaModel::Impl {
+  std::shared_ptr<const ModelFile> file;
+  ModelConfig cfg;
+  int64_t max_context = 0;
+  int64_t max_batch = 0;
+  int64_t q_dim = 0, kv_dim = 0;
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<Backend> backend;
+
+  const TensorView* token_embd = nullptr;
+  const TensorView* output = nullptr;
+  std::vector<float> output_norm;
+  std::vector<LayerWeights> layers;
+  std::vector<float> inv_freq;
+  uint64_t weight_bytes = 0;
+
+  // Scratch, [max_batch, width] each.
+  std::vector<float> x, xb, q, attn, hb, hb2;
+
+  Status run_chunk(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache);
+};
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelFile> model,
+                                                       const EngineOptions& opts) {
+  if (!model) return InvalidArgument("LlamaModel::create: no model");
+  auto impl = std::make_unique<Impl>();
+  impl->file = model;
+  const ModelConfig& cfg = model->config();
+  impl->cfg = cfg;
+  if (std::string problem = cfg.validate(); !problem.empty()) {
+    return InvalidArgument(fmt::format("model '{}': {}", model->source_path(), problem));
+  }
+  if (cfg.head_dim % 2 != 0) {
+    return InvalidArgument(fmt::format("model '{}': head_dim {} must be even for RoPE",
+                                       model->source_path(), cfg.head_dim));
+  }
+  CLEAVE_RETURN_IF_ERROR(model->validate_tensors());
+  if (opts.max_context < 0 || opts.max_batch_tokens < 0) {
+    return InvalidArgument(fmt::format("max_context {} and max_batch_tokens {} must be >= 0",
+                                       opts.max_context, opts.max_batch_tokens));
+  }
+  impl->max_context = opts.max_context > 0 ? opts.max_context : cfg.context_length;
+  impl->max_batch = std::min(opts.max_batch_tokens > 0 ? opts.max_batch_tokens : 256,
+                             impl->max_context);
+  impl->q_dim = cfg.n_heads * cfg.head_dim;
+  impl->kv_dim = cfg.n_kv_heads * cfg.head_dim;
+  const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
+  const ModelFile& f = *model;
+
+  uint64_t bytes = 0;
+  auto matrix = [&](const std::string& name, int64_t rows,
+                    int64_t cols) -> Result<const TensorView*> {
+    CLEAVE_ASSIGN_OR_RETURN(const TensorView* t, find_matrix(f, name, rows, cols));
+    bytes += t->nbytes;
+    return t;
+  };
+  auto vector = [&](const std::string& name, int64_t n) -> Result<std::vector<float>> {
+    bytes += f.tensor(name) ? f.tensor(name)->nbytes : 0;
+    return load_vector(f, name, n);
+  };
+
+  CLEAVE_ASSIGN_OR_RETURN(impl->token_embd, find_matrix(f, "token_embd.weight", cfg.vocab_size, dim));
+  if (f.tensor("output.weight") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(impl->output, matrix("output.weight", cfg.vocab_size, dim));
+  } else {
+    impl->output = impl->token_embd;  // tied embeddings
+    bytes += impl->token_embd->nbytes;
+  }
+  CLEAVE_ASSIGN_OR_RETURN(impl->output_norm, vector("output_norm.weight", dim));
+  impl->layers.resize(static_cast<size_t>(cfg.n_layers));
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    LayerWeights& w = impl->layers[static_cast<size_t>(l)];
+    const std::string p = fmt::format("blk.{}.", l);
+    CLEAVE_ASSIGN_OR_RETURN(w.attn_norm, vector(p + "attn_norm.weight", dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.attn_q, matrix(p + "attn_q.weight", impl->q_dim, dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.attn_k, matrix(p + "attn_k.weight", impl->kv_dim, dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.attn_v, matrix(p + "attn_v.weight", impl->kv_dim, dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.attn_output, matrix(p + "attn_output.weight", dim, impl->q_dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.ffn_norm, vector(p + "ffn_norm.weight", dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.ffn_gate, matrix(p + "ffn_gate.weight", ffn, dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.ffn_up, matrix(p + "ffn_up.weight", ffn, dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.ffn_down, matrix(p + "ffn_down.weight", dim, ffn));
+    if (cfg.qkv_bias) {
+      CLEAVE_ASSIGN_OR_RETURN(w.q_bias, vector(p + "attn_q.bias", impl->q_dim));
+      CLEAVE_ASSIGN_OR_RETURN(w.k_bias, vector(p + "attn_k.bias", impl->kv_dim));
+      CLEAVE_ASSIGN_OR_RETURN(w.v_bias, vector(p + "attn_v.bias", impl->kv_dim));
+    }
+  }
+  impl->weight_bytes = bytes;
+  CLEAVE_ASSIGN_OR_RETURN(impl->inv_freq, rope_frequencies(cfg));
+
+  impl->pool = std::make_unique<ThreadPool>(opts.threads, "compute");
+  impl->backend = make_cpu_backend(*impl->pool);
+  impl->backend->reserve_attention(impl->max_context);
+  const auto b = static_cast<size_t>(impl->max_batch);
+  impl->x.assign(b * static_cast<size_t>(dim), 0.0f);
+  impl->xb.assign(b * static_cast<size_t>(dim), 0.0f);
+  impl->q.assign(b * static_cast<size_t>(impl->q_dim), 0.0f);
+  impl->attn.assign(b * static_cast<size_t>(impl->q_dim), 0.0f);
+  impl->hb.assign(b * static_cast<size_t>(ffn), 0.0f);
+  impl->hb2.assign(b * static_cast<size_t>(ffn), 0.0f);
+  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(impl)));
+}
+
+LlamaModel::LlamaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+LlamaModel::~LlamaModel() = default;
+
+const ModelConfig& LlamaModel::config() const { return impl_->cfg; }
+int64_t LlamaModel::max_context() const { return impl_->max_context; }
+ThreadPool& LlamaModel::pool() { return *impl_->pool; }
+Backend& LlamaModel::backend() { return *impl_->backend; }
+KvCache LlamaModel::make_cache() const { return KvCache(impl_->cfg, impl_->max_context); }
+uint64_t LlamaModel::weight_bytes_per_token() const { return impl_->weight_bytes; }
+
+Status LlamaModel::forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
+                           std::span<float> logits) {
+  Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) return InvalidArgument("forward: no tokens");
+  if (static_cast<int64_t>(logits.size()) < m.cfg.vocab_size) {
+    return InvalidArgument(fmt::format("forward: logits buffer holds {} floats, the vocabulary has {}",
+                                       logits.size(), m.cfg.vocab_size));
+  }
+  if (cache.kv_dim() != m.kv_dim || cache.n_layers() != m.cfg.n_layers) {
+    return InvalidArgument(fmt::format(
+        "forward: KV cache geometry ({} layers, kv_dim {}) does not match the model ({}, {})",
+        cache.n_layers(), cache.kv_dim(), m.cfg.n_layers, m.kv_dim));
+  }
+  const int64_t limit = std::min(cache.capacity(), m.max_context);
+  if (start_pos < 0 || start_pos + n > limit) {
+    return OutOfRange(fmt::format("forward: positions [{}, {}) exceed the context of {} tokens",
+                                  start_pos, start_pos + n, limit));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= m.cfg.vocab_size) {
+      return InvalidArgument(fmt::format("forward: token id {} at index {} is outside the vocabulary (size {})",
+                                         tokens[i], i, m.cfg.vocab_size));
+    }
+  }
+  int64_t done = 0;
+  while (done < n) {
+    const int64_t len = std::min(m.max_batch, n - done);
+    CLEAVE_RETURN_IF_ERROR(m.run_chunk(tokens.subspan(done, len), start_pos + done, cache));
+    done += len;
+  }
+  // The residual stream of the last token sits in row len-1 of x.
+  const int64_t last = (n - 1) % m.max_batch;
+  Backend& be = *m.backend;
+  const int64_t dim = m.cfg.dim;
+  be.rmsnorm(m.x.data() + last * dim, m.output_norm.data(), m.cfg.rms_eps, 1, dim, m.xb.data());
+  be.matmul(*m.output, m.xb.data(), 1, logits.data());
+  return Status::Ok();
+}
+
+Status LlamaModel::Impl::run_chunk(std::span<const int32_t> tokens, int64_t start_pos,
+                                   KvCache& cache) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
+  Backend& be = *backend;
+  be.embedding(*token_embd, tokens, x.data());
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const LayerWeights& w = layers[static_cast<size_t>(l)];
+    float* k_rows = cache.k(l, start_pos);
+    float* v_rows = cache.v(l, start_pos);
+
+    // Attention block: K and V go straight into the cache rows of these positions.
+    be.rmsnorm(x.data(), w.attn_norm.data(), cfg.rms_eps, n, dim, xb.data());
+    be.matmul(*w.attn_q, xb.data(), n, q.data());
+    be.matmul(*w.attn_k, xb.data(), n, k_rows);
+    be.matmul(*w.attn_v, xb.data(), n, v_rows);
+    if (cfg.qkv_bias) {
+      be.add_bias(q.data(), w.q_bias.data(), n, q_dim);
+      be.add_bias(k_rows, w.k_bias.data(), n, kv_dim);
+      be.add_bias(v_rows, w.v_bias.data(), n, kv_dim);
+    }
+    RopeArgs rope{.x = q.data(), .row_stride = q_dim, .n_tokens = n, .start_pos = start_pos,
+                  .n_heads = cfg.n_heads, .head_dim = cfg.head_dim, .style = cfg.rope_style,
+                  .inv_freq = inv_freq.data()};
+    be.rope(rope);
+    rope.x = k_rows;
+    rope.row_stride = kv_dim;
+    rope.n_heads = cfg.n_kv_heads;
+    be.rope(rope);
+    be.attention(AttentionArgs{.q = q.data(), .k = cache.k(l, 0), .v = cache.v(l, 0),
+                               .out = attn.data(), .n_tokens = n, .start_pos = start_pos,
+                               .n_heads = cfg.n_heads, .n_kv_heads = cfg.n_kv_heads,
+                               .head_dim = cfg.head_dim});
+    be.matmul(*w.attn_output, attn.data(), n, xb.data());
+    be.add(x.data(), xb.data(), n * dim);
+
+    // SwiGLU feed-forward block.
+    be.rmsnorm(x.data(), w.ffn_norm.data(), cfg.rms_eps, n, dim, xb.data());
+    be.matmul(*w.ffn_gate, xb.data(), n, hb.data());
+    be.matmul(*w.ffn_up, xb.data(), n, hb2.data());
+    be.silu_mul(hb.data(), hb2.data(), n * ffn, hb.data());
+    be.matmul(*w.ffn_down, hb.data(), n, xb.data());
+    be.add(x.data(), xb.data(), n * dim);
+  }
+  return Status::Ok();
+}
+
+}  // namespace cleave

@@ -1,0 +1,292 @@
+#include "cleave/engine/cpu_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace cleave::cpu {
+namespace {
+
+const DType kAllDtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
+
+// A weight matrix in a given dtype, with its exact f32 values (what the kernels must see).
+struct TestMatrix {
+  std::vector<std::byte> bytes;
+  std::vector<float> values;  // dequantised, row-major [rows, n]
+  TensorView view;
+};
+
+TestMatrix make_matrix(DType dtype, int64_t rows, int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  TestMatrix m;
+  m.values.resize(static_cast<size_t>(rows * n));
+  const uint64_t row_bytes = *dtype_row_bytes(dtype, static_cast<uint64_t>(n));
+  m.bytes.resize(static_cast<size_t>(row_bytes * rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::byte* dst = m.bytes.data() + r * row_bytes;
+    float* val = m.values.data() + r * n;
+    std::vector<float> src(static_cast<size_t>(n));
+    for (auto& v : src) v = dist(rng);
+    switch (dtype) {
+      case DType::kF32:
+        std::memcpy(dst, src.data(), src.size() * 4);
+        for (int64_t i = 0; i < n; ++i) val[i] = src[i];
+        break;
+      case DType::kF16:
+        for (int64_t i = 0; i < n; ++i) {
+          uint16_t h = f32_to_f16(src[i]);
+          std::memcpy(dst + 2 * i, &h, 2);
+          val[i] = f16_to_f32(h);
+        }
+        break;
+      case DType::kBF16:
+        for (int64_t i = 0; i < n; ++i) {
+          uint16_t h = f32_to_bf16(src[i]);
+          std::memcpy(dst + 2 * i, &h, 2);
+          val[i] = bf16_to_f32(h);
+        }
+        break;
+      case DType::kQ8_0:
+        for (int64_t b = 0; b < n / kQ8_0BlockElems; ++b) {
+          float amax = 0.0f;
+          for (int j = 0; j < kQ8_0BlockElems; ++j)
+            amax = std::max(amax, std::fabs(src[b * kQ8_0BlockElems + j]));
+          BlockQ8_0 blk;
+          blk.scale = f32_to_f16(amax / 127.0f);
+          const float scale = f16_to_f32(blk.scale);
+          for (int j = 0; j < kQ8_0BlockElems; ++j) {
+            float q = scale > 0 ? std::round(src[b * kQ8_0BlockElems + j] / scale) : 0.0f;
+            q = std::min(127.0f, std::max(-127.0f, q));
+            blk.q[j] = static_cast<int8_t>(q);
+            val[b * kQ8_0BlockElems + j] = scale * static_cast<float>(blk.q[j]);
+          }
+          std::memcpy(dst + b * static_cast<int64_t>(sizeof blk), &blk, sizeof blk);
+        }
+        break;
+    }
+  }
+  m.view.name = "test.weight";
+  m.view.dtype = dtype;
+  m.view.shape = {rows, n};
+  m.view.data = m.bytes.data();
+  m.view.nbytes = m.bytes.size();
+  return m;
+}
+
+std::vector<float> random_vector(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Sizes that exercise the 16-chunk loop, the 8-chunk and the scalar tail.
+std::vector<int64_t> test_sizes(DType dtype) {
+  if (dtype == DType::kQ8_0) return {32, 64, 96, 288, 4096};
+  return {1, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 100, 257, 4096};
+}
+
+void expect_close(double ref, double abs_sum, float got, const std::string& what) {
+  // f32 accumulation of n terms: error well below 1e-5 of the sum of magnitudes.
+  EXPECT_NEAR(got, ref, 1e-5 * abs_sum + 1e-6) << what;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+class KernelSetTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    previous_ = kernel_isa();
+    if (!set_kernel_isa(GetParam())) GTEST_SKIP() << "this CPU cannot run the " << GetParam()
+                                                  << " kernels";
+  }
+  void TearDown() override { ASSERT_TRUE(set_kernel_isa(previous_)); }
+  std::string previous_;
+};
+
+TEST_P(KernelSetTest, DotRowMatchesDoubleReference) {
+  for (DType dtype : kAllDtypes) {
+    for (int64_t n : test_sizes(dtype)) {
+      const int64_t rows = 3;
+      TestMatrix m = make_matrix(dtype, rows, n, static_cast<uint32_t>(n));
+      std::vector<float> x = random_vector(n, 1000 + static_cast<uint32_t>(n));
+      for (int64_t r = 0; r < rows; ++r) {
+        double ref = 0, abs_sum = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double p = static_cast<double>(m.values[r * n + i]) * x[i];
+          ref += p;
+          abs_sum += std::fabs(p);
+        }
+        expect_close(ref, abs_sum, dot_row(m.view, r, x.data()),
+                     std::string(dtype_name(dtype)) + " n=" + std::to_string(n) +
+                         " row=" + std::to_string(r));
+      }
+    }
+  }
+}
+
+// The contract the forward pass depends on: every (row, token) output of matmul equals dot_row
+// bit for bit, whatever the number of tokens, the strides and the thread count.
+TEST_P(KernelSetTest, MatmulIsBatchInvariantBitForBit) {
+  for (DType dtype : kAllDtypes) {
+    for (int64_t n : test_sizes(dtype)) {
+      if (n == 4096) continue;  // covered by the large test below
+      const int64_t rows = 37;  // not a multiple of the tile height
+      const int64_t in_stride = n + 3, out_stride = rows + 5;
+      TestMatrix m = make_matrix(dtype, rows, n, 7 + static_cast<uint32_t>(n));
+      const int64_t max_tokens = 37;
+      std::vector<float> x = random_vector(in_stride * max_tokens, 99 + static_cast<uint32_t>(n));
+      std::vector<float> expected(static_cast<size_t>(rows * max_tokens));
+      for (int64_t t = 0; t < max_tokens; ++t)
+        for (int64_t r = 0; r < rows; ++r)
+          expected[t * rows + r] = dot_row(m.view, r, x.data() + t * in_stride);
+      for (int threads : {1, 2, 3}) {
+        ThreadPool pool(threads);
+        for (int64_t tokens : {1, 2, 3, 4, 5, 7, 37}) {
+          std::vector<float> y(static_cast<size_t>(out_stride * tokens), -1.0f);
+          matmul(pool, m.view, x.data(), in_stride, tokens, y.data(), out_stride);
+          for (int64_t t = 0; t < tokens; ++t)
+            for (int64_t r = 0; r < rows; ++r)
+              ASSERT_EQ(bits(y[t * out_stride + r]), bits(expected[t * rows + r]))
+                  << dtype_name(dtype) << " n=" << n << " threads=" << threads
+                  << " tokens=" << tokens << " row=" << r << " token=" << t;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelSetTest, LargeMatmulMatchesReferenceAndIsBatchInvariant) {
+  for (DType dtype : kAllDtypes) {
+    const int64_t rows = 301, n = 1024 + (dtype == DType::kQ8_0 ? 0 : 13);
+    TestMatrix m = make_matrix(dtype, rows, n, 5);
+    const int64_t tokens = 11;
+    std::vector<float> x = random_vector(n * tokens, 6);
+    ThreadPool pool2(2), pool3(3);
+    std::vector<float> y_batch(static_cast<size_t>(rows * tokens));
+    matmul(pool3, m.view, x.data(), n, tokens, y_batch.data(), rows);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<float> y_one(static_cast<size_t>(rows));
+      matmul(pool2, m.view, x.data() + t * n, n, 1, y_one.data(), rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_EQ(bits(y_one[r]), bits(y_batch[t * rows + r]))
+            << dtype_name(dtype) << " row=" << r << " token=" << t;
+        double ref = 0, abs_sum = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double p = static_cast<double>(m.values[r * n + i]) * x[t * n + i];
+          ref += p;
+          abs_sum += std::fabs(p);
+        }
+        expect_close(ref, abs_sum, y_one[r], std::string(dtype_name(dtype)));
+      }
+    }
+  }
+}
+
+TEST_P(KernelSetTest, DotF32MatchesReferenceAndDotRow) {
+  for (int64_t n : test_sizes(DType::kF32)) {
+    std::vector<float> a = random_vector(n, 11), b = random_vector(n, 12);
+    double ref = 0, abs_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      ref += static_cast<double>(a[i]) * b[i];
+      abs_sum += std::fabs(static_cast<double>(a[i]) * b[i]);
+    }
+    const float got = dot_f32(a.data(), b.data(), n);
+    expect_close(ref, abs_sum, got, "n=" + std::to_string(n));
+    TensorView v{"a", DType::kF32, {1, n}, reinterpret_cast<const std::byte*>(a.data()),
+                 static_cast<uint64_t>(n) * 4};
+    EXPECT_EQ(bits(got), bits(dot_row(v, 0, b.data())));
+  }
+}
+
+TEST_P(KernelSetTest, RmsnormMatchesReferenceAndMayAlias) {
+  const int64_t n = 77;
+  std::vector<float> x = random_vector(n, 21), w = random_vector(n, 22), out(n);
+  const float eps = 1e-5f;
+  rmsnorm(x.data(), w.data(), eps, n, out.data());
+  double ss = 0;
+  for (float v : x) ss += static_cast<double>(v) * v;
+  const double scale = 1.0 / std::sqrt(ss / n + eps);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(out[i], x[i] * scale * w[i], 1e-5) << i;
+  std::vector<float> in_place = x;
+  rmsnorm(in_place.data(), w.data(), eps, n, in_place.data());
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(bits(in_place[i]), bits(out[i])) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSets, KernelSetTest, ::testing::Values("avx2", "generic"),
+                         [](const auto& info) { return info.param; });
+
+TEST(CpuKernelsTest, KernelIsaIsKnownAndSwitchable) {
+  const std::string isa = kernel_isa();
+  EXPECT_TRUE(isa == "avx2" || isa == "generic") << isa;
+  EXPECT_FALSE(set_kernel_isa("sse9"));
+  EXPECT_EQ(kernel_isa(), isa);
+  ASSERT_TRUE(set_kernel_isa("generic"));
+  EXPECT_STREQ(kernel_isa(), "generic");
+  ASSERT_TRUE(set_kernel_isa(isa));
+}
+
+TEST(CpuKernelsTest, RowAndTensorToF32AreExact) {
+  for (DType dtype : kAllDtypes) {
+    const int64_t rows = 4, n = 64;
+    TestMatrix m = make_matrix(dtype, rows, n, 31);
+    std::vector<float> row(n);
+    for (int64_t r = 0; r < rows; ++r) {
+      row_to_f32(m.view, r, row.data());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(bits(row[i]), bits(m.values[r * n + i])) << dtype_name(dtype) << " " << r;
+    }
+    std::vector<float> all(static_cast<size_t>(rows * n));
+    tensor_to_f32(m.view, all.data());
+    for (size_t i = 0; i < all.size(); ++i)
+      ASSERT_EQ(bits(all[i]), bits(m.values[i])) << dtype_name(dtype) << " " << i;
+  }
+}
+
+TEST(CpuKernelsTest, SoftmaxMatchesReference) {
+  std::vector<float> x = random_vector(300, 41);
+  for (auto& v : x) v *= 20.0f;  // large logits: needs the max subtraction
+  std::vector<double> ref(x.size());
+  double max = x[0], sum = 0;
+  for (float v : x) max = std::max(max, static_cast<double>(v));
+  for (size_t i = 0; i < x.size(); ++i) sum += ref[i] = std::exp(x[i] - max);
+  softmax(x.data(), static_cast<int64_t>(x.size()));
+  double total = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_NEAR(x[i], ref[i] / sum, 1e-6) << i;
+    total += x[i];
+  }
+  EXPECT_NEAR(total, 1.0, 1e-5);
+  float one = 3.0f;
+  softmax(&one, 1);
+  EXPECT_EQ(one, 1.0f);
+}
+
+TEST(CpuKernelsTest, ElementwiseOpsMatchReference) {
+  const int64_t n = 45;
+  std::vector<float> a = random_vector(n, 51), b = random_vector(n, 52), out(n);
+  silu_mul(a.data(), b.data(), n, out.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = a[i];
+    EXPECT_NEAR(out[i], g / (1.0 + std::exp(-g)) * b[i], 1e-6) << i;
+  }
+  std::vector<float> y = a;
+  add_inplace(y.data(), b.data(), n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], a[i] + b[i]) << i;
+  y = a;
+  axpy(y.data(), 0.25f, b.data(), n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(y[i], a[i] + 0.25f * b[i]) << i;
+}
+
+}  // namespace
+}  // namespace cleave::cpu

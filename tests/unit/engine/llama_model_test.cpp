@@ -1,0 +1,478 @@
+// The Llama-family forward pass: agreement with a plain reference implementation on synthetic
+// models (GQA, RoPE styles and scalings, QKV bias, tied output, f32/f16/q8_0 weights), chunk
+// invariance bit for bit, GGUF vs HF loaders bit for bit, and errors.
+#include "cleave/engine/llama_model.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cleave/engine/cpu_kernels.h"
+#include "cleave/model/hf_export.h"
+#include "cleave/model/synth.h"
+
+namespace cleave {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shared_dir() { return std::string(CLEAVE_SOURCE_DIR) + "/../shared"; }
+std::string stories_path() { return shared_dir() + "/models/stories260K.gguf"; }
+
+fs::path temp_dir(const std::string& tag) {
+  fs::path p = fs::temp_directory_path() /
+               ("cleave_llama_model_test_" + tag + "_" + std::to_string(::getpid()));
+  fs::create_directories(p);
+  return p;
+}
+
+std::shared_ptr<const ModelFile> load_or_fail(const std::string& path) {
+  auto m = load_model(path);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  if (!m.ok()) return nullptr;
+  return std::shared_ptr<const ModelFile>(std::move(*m));
+}
+
+std::unique_ptr<LlamaModel> make_model(std::shared_ptr<const ModelFile> f, int threads = 2,
+                                       int64_t max_batch = 0, int64_t max_context = 0) {
+  EngineOptions o;
+  o.threads = threads;
+  o.max_context = max_context;
+  if (max_batch > 0) o.max_batch_tokens = max_batch;
+  auto m = LlamaModel::create(std::move(f), o);
+  EXPECT_TRUE(m.ok()) << m.status().to_string();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+std::vector<int32_t> test_prompt(int64_t n, int32_t vocab, int32_t first, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t{first};
+  while (static_cast<int64_t>(t.size()) < n) t.push_back(static_cast<int32_t>(rng() % vocab));
+  return t;
+}
+
+// Runs `tokens` in chunks of `chunk`; returns the logits after each chunk, keyed by the
+// position of the chunk's last token, and leaves the KV in `cache`.
+std::map<int64_t, std::vector<float>> run_chunked(LlamaModel& m, const std::vector<int32_t>& tokens,
+                                                  int64_t chunk, KvCache& cache) {
+  std::map<int64_t, std::vector<float>> out;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t s = 0; s < n; s += chunk) {
+    const int64_t len = std::min(chunk, n - s);
+    std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
+    Status st = m.forward(std::span<const int32_t>(tokens).subspan(s, len), s, cache, logits);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    out[s + len - 1] = std::move(logits);
+  }
+  return out;
+}
+
+bool bits_equal(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
+}
+
+// Logits of every chunk end and the whole KV cache are bit-identical to the token-by-token run,
+// for several chunk sizes, thread counts and internal batch sizes.
+void expect_chunk_invariant(std::shared_ptr<const ModelFile> file,
+                            const std::vector<int32_t>& tokens) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  auto ref_model = make_model(file, 1);
+  ASSERT_TRUE(ref_model);
+  KvCache ref_cache = ref_model->make_cache();
+  auto ref = run_chunked(*ref_model, tokens, 1, ref_cache);
+  const int64_t kv_dim = ref_cache.kv_dim();
+  const int64_t vocab = ref_model->config().vocab_size;
+
+  struct Case { int threads; int64_t max_batch; int64_t chunk; };
+  for (Case c : {Case{2, 0, 1}, Case{1, 0, 3}, Case{2, 0, 7}, Case{2, 0, n}, Case{1, 0, n},
+                 Case{2, 5, n}, Case{2, 4, 7}}) {
+    SCOPED_TRACE(testing::Message() << "threads " << c.threads << " max_batch " << c.max_batch
+                                    << " chunk " << c.chunk);
+    auto m = make_model(file, c.threads, c.max_batch);
+    ASSERT_TRUE(m);
+    KvCache cache = m->make_cache();
+    auto got = run_chunked(*m, tokens, c.chunk, cache);
+    for (const auto& [pos, logits] : got) {
+      EXPECT_TRUE(bits_equal(logits.data(), ref.at(pos).data(), vocab)) << "logits at " << pos;
+    }
+    for (int64_t l = 0; l < cache.n_layers(); ++l) {
+      EXPECT_TRUE(bits_equal(cache.k(l, 0), ref_cache.k(l, 0), n * kv_dim)) << "K of layer " << l;
+      EXPECT_TRUE(bits_equal(cache.v(l, 0), ref_cache.v(l, 0), n * kv_dim)) << "V of layer " << l;
+    }
+  }
+}
+
+// ---- A plain reference forward pass (double accumulation, no shared code but dequantising).
+
+struct RefModel {
+  const ModelFile& f;
+  const ModelConfig& c;
+
+  std::vector<float> mat(const std::string& name) const {
+    const TensorView* t = f.tensor(name);
+    EXPECT_NE(t, nullptr) << name;
+    std::vector<float> out(static_cast<size_t>(t->elements()));
+    if (t->shape.size() == 1) {
+      cpu::tensor_to_f32(*t, out.data());
+    } else {
+      for (int64_t r = 0; r < t->rows(); ++r) cpu::row_to_f32(*t, r, out.data() + r * t->cols());
+    }
+    return out;
+  }
+  static std::vector<double> matvec(const std::vector<float>& w, const std::vector<double>& x) {
+    const size_t cols = x.size(), rows = w.size() / cols;
+    std::vector<double> y(rows, 0.0);
+    for (size_t r = 0; r < rows; ++r)
+      for (size_t i = 0; i < cols; ++i) y[r] += static_cast<double>(w[r * cols + i]) * x[i];
+    return y;
+  }
+  std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w) const {
+    double ss = 0;
+    for (double v : x) ss += v * v;
+    const double s = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + c.rms_eps);
+    std::vector<double> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * s * w[i];
+    return y;
+  }
+  std::vector<double> inv_freq() const {
+    const int64_t half = c.head_dim / 2;
+    std::vector<double> f(static_cast<size_t>(half));
+    for (int64_t j = 0; j < half; ++j) {
+      f[j] = std::pow(static_cast<double>(c.rope_theta), -2.0 * j / static_cast<double>(c.head_dim));
+      const RopeScaling& s = c.rope_scaling;
+      if (s.type == RopeScaling::Type::kLinear) f[j] /= s.factor;
+      if (s.type == RopeScaling::Type::kLlama3) {
+        const double wl = 2 * M_PI / f[j];
+        const double lo_wl = s.original_context / s.low_freq_factor;
+        const double hi_wl = s.original_context / s.high_freq_factor;
+        if (wl > lo_wl) {
+          f[j] /= s.factor;
+        } else if (wl >= hi_wl) {
+          const double sm = (s.original_context / wl - s.low_freq_factor) /
+                            (s.high_freq_factor - s.low_freq_factor);
+          f[j] = (1 - sm) * f[j] / s.factor + sm * f[j];
+        }
+      }
+    }
+    return f;
+  }
+  void rope(std::vector<double>& x, int64_t heads, int64_t pos) const {
+    const int64_t hd = c.head_dim, half = hd / 2;
+    const auto freq = inv_freq();
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < half; ++j) {
+        const int64_t i0 = h * hd + (c.rope_style == RopeStyle::kNormal ? 2 * j : j);
+        const int64_t i1 = c.rope_style == RopeStyle::kNormal ? i0 + 1 : i0 + half;
+        const double a = pos * freq[j], v0 = x[i0], v1 = x[i1];
+        x[i0] = v0 * std::cos(a) - v1 * std::sin(a);
+        x[i1] = v0 * std::sin(a) + v1 * std::cos(a);
+      }
+    }
+  }
+
+  // Logits after each token, run one token at a time.
+  std::vector<std::vector<double>> run(const std::vector<int32_t>& tokens) const {
+    const int64_t hd = c.head_dim, kvd = c.n_kv_heads * hd;
+    const auto embd = mat("token_embd.weight");
+    const auto out_w = f.tensor("output.weight") ? mat("output.weight") : embd;
+    const auto out_norm = mat("output_norm.weight");
+    std::vector<std::vector<std::vector<double>>> K(c.n_layers), V(c.n_layers);
+    std::vector<std::vector<double>> all;
+    for (size_t pos = 0; pos < tokens.size(); ++pos) {
+      std::vector<double> x(embd.begin() + tokens[pos] * c.dim, embd.begin() + (tokens[pos] + 1) * c.dim);
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        auto xb = rmsnorm(x, mat(p + "attn_norm.weight"));
+        auto q = matvec(mat(p + "attn_q.weight"), xb);
+        auto k = matvec(mat(p + "attn_k.weight"), xb);
+        auto v = matvec(mat(p + "attn_v.weight"), xb);
+        if (c.qkv_bias) {
+          auto bq = mat(p + "attn_q.bias"), bk = mat(p + "attn_k.bias"), bv = mat(p + "attn_v.bias");
+          for (size_t i = 0; i < q.size(); ++i) q[i] += bq[i];
+          for (size_t i = 0; i < k.size(); ++i) k[i] += bk[i], v[i] += bv[i];
+        }
+        rope(q, c.n_heads, static_cast<int64_t>(pos));
+        rope(k, c.n_kv_heads, static_cast<int64_t>(pos));
+        K[l].push_back(k);
+        V[l].push_back(v);
+        std::vector<double> att(static_cast<size_t>(c.n_heads * hd), 0.0);
+        for (int64_t h = 0; h < c.n_heads; ++h) {
+          const int64_t kvh = h / (c.n_heads / c.n_kv_heads);
+          std::vector<double> s(pos + 1);
+          double mx = -1e300;
+          for (size_t j = 0; j <= pos; ++j) {
+            double d = 0;
+            for (int64_t i = 0; i < hd; ++i) d += q[h * hd + i] * K[l][j][kvh * hd + i];
+            s[j] = d / std::sqrt(static_cast<double>(hd));
+            mx = std::max(mx, s[j]);
+          }
+          double sum = 0;
+          for (auto& e : s) sum += (e = std::exp(e - mx));
+          for (size_t j = 0; j <= pos; ++j)
+            for (int64_t i = 0; i < hd; ++i) att[h * hd + i] += s[j] / sum * V[l][j][kvh * hd + i];
+        }
+        (void)kvd;
+        auto o = matvec(mat(p + "attn_output.weight"), att);
+        for (int64_t i = 0; i < c.dim; ++i) x[i] += o[i];
+        xb = rmsnorm(x, mat(p + "ffn_norm.weight"));
+        auto g = matvec(mat(p + "ffn_gate.weight"), xb);
+        auto u = matvec(mat(p + "ffn_up.weight"), xb);
+        for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+        auto d = matvec(mat(p + "ffn_down.weight"), g);
+        for (int64_t i = 0; i < c.dim; ++i) x[i] += d[i];
+      }
+      all.push_back(matvec(out_w, rmsnorm(x, out_norm)));
+    }
+    return all;
+  }
+};
+
+// ---- Synthetic variants written with the synth generator plus architecture edits.
+
+struct Variant {
+  std::string name;
+  SynthOptions synth;
+  std::string arch = "llama";
+  bool qkv_bias = false;
+  std::string scaling = "none";
+};
+
+std::vector<Variant> variants() {
+  std::vector<Variant> v;
+  Variant a{"llama_f32_gqa", {}};
+  a.synth = SynthOptions{.layers = 2, .dim = 32, .heads = 4, .kv_heads = 2, .ffn = 64,
+                         .vocab = 300, .dtype = DType::kF32, .seed = 7, .context = 128, .name = "t"};
+  v.push_back(a);
+  Variant b{"llama3_q8_0_tied", {}};
+  b.synth = SynthOptions{.layers = 2, .dim = 64, .heads = 8, .kv_heads = 2, .ffn = 96,
+                         .vocab = 300, .dtype = DType::kQ8_0, .seed = 8, .context = 128,
+                         .tied_embeddings = true, .name = "t"};
+  b.scaling = "llama3";
+  v.push_back(b);
+  Variant c{"qwen2_f16_bias", {}};
+  c.synth = SynthOptions{.layers = 2, .dim = 32, .heads = 4, .kv_heads = 1, .ffn = 64,
+                         .vocab = 300, .dtype = DType::kF16, .seed = 9, .context = 128, .name = "t"};
+  c.arch = "qwen2";
+  c.qkv_bias = true;
+  c.scaling = "linear";
+  v.push_back(c);
+  Variant d{"llama_bf16_mha", {}};
+  d.synth = SynthOptions{.layers = 1, .dim = 32, .heads = 2, .kv_heads = 2, .ffn = 48,
+                         .vocab = 300, .dtype = DType::kBF16, .seed = 10, .context = 128, .name = "t"};
+  v.push_back(d);
+  return v;
+}
+
+Result<std::string> write_variant(const Variant& v) {
+  CLEAVE_ASSIGN_OR_RETURN(GgufWriter w, synth_gguf(v.synth));
+  const SynthOptions& s = v.synth;
+  const std::string p = v.arch + ".";
+  if (v.arch != "llama") {
+    w.set_string("general.architecture", v.arch);
+    w.set_u32(p + "block_count", static_cast<uint32_t>(s.layers));
+    w.set_u32(p + "embedding_length", static_cast<uint32_t>(s.dim));
+    w.set_u32(p + "feed_forward_length", static_cast<uint32_t>(s.ffn));
+    w.set_u32(p + "attention.head_count", static_cast<uint32_t>(s.heads));
+    w.set_u32(p + "attention.head_count_kv", static_cast<uint32_t>(s.kv_heads));
+    w.set_u32(p + "context_length", static_cast<uint32_t>(s.context));
+    w.set_f32(p + "attention.layer_norm_rms_epsilon", s.rms_eps);
+    w.set_f32(p + "rope.freq_base", s.rope_theta);
+  }
+  if (v.scaling == "linear") {
+    w.set_string(p + "rope.scaling.type", "linear");
+    w.set_f32(p + "rope.scaling.factor", 2.0f);
+  } else if (v.scaling == "llama3") {
+    w.set_string(p + "rope.scaling.type", "llama3");
+    w.set_f32(p + "rope.scaling.factor", 8.0f);
+    w.set_f32(p + "rope.scaling.low_freq_factor", 1.0f);
+    w.set_f32(p + "rope.scaling.high_freq_factor", 4.0f);
+    w.set_u32(p + "rope.scaling.original_context_length", 64);
+  }
+  if (v.qkv_bias) {
+    const int64_t hd = s.dim / s.heads;
+    std::mt19937 rng(static_cast<uint32_t>(s.seed));
+    std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
+    for (int64_t l = 0; l < s.layers; ++l) {
+      for (auto [name, n] : {std::pair{"attn_q", s.heads * hd}, std::pair{"attn_k", s.kv_heads * hd},
+                             std::pair{"attn_v", s.kv_heads * hd}}) {
+        std::vector<std::byte> bytes(static_cast<size_t>(n) * 4);
+        for (int64_t i = 0; i < n; ++i) {
+          float x = dist(rng);
+          std::memcpy(bytes.data() + i * 4, &x, 4);
+        }
+        w.add_tensor("blk." + std::to_string(l) + "." + name + ".bias", DType::kF32, {n},
+                     std::move(bytes));
+      }
+    }
+  }
+  const std::string path = (temp_dir("synth") / (v.name + ".gguf")).string();
+  CLEAVE_RETURN_IF_ERROR(w.write(path));
+  return path;
+}
+
+class SyntheticModelTest : public testing::TestWithParam<Variant> {};
+
+TEST_P(SyntheticModelTest, MatchesReferenceImplementation) {
+  auto path = write_variant(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  auto file = load_or_fail(*path);
+  ASSERT_TRUE(file);
+  const ModelConfig& c = file->config();
+  EXPECT_EQ(c.arch, GetParam().arch);
+  EXPECT_EQ(c.qkv_bias, GetParam().qkv_bias);
+  auto m = make_model(file, 2);
+  ASSERT_TRUE(m);
+  const auto tokens = test_prompt(24, static_cast<int32_t>(c.vocab_size), 1, 3);
+  KvCache cache = m->make_cache();
+  auto got = run_chunked(*m, tokens, 1, cache);
+  auto want = RefModel{*file, c}.run(tokens);
+  for (size_t pos = 0; pos < tokens.size(); ++pos) {
+    double max_ref = 0, max_err = 0;
+    for (int64_t i = 0; i < c.vocab_size; ++i) {
+      max_ref = std::max(max_ref, std::fabs(want[pos][i]));
+      max_err = std::max(max_err, std::fabs(want[pos][i] - got.at(pos)[i]));
+    }
+    EXPECT_LT(max_err, 1e-4 * (1 + max_ref)) << "position " << pos;
+  }
+}
+
+TEST_P(SyntheticModelTest, ChunkInvariantBitForBit) {
+  auto path = write_variant(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  auto file = load_or_fail(*path);
+  ASSERT_TRUE(file);
+  expect_chunk_invariant(file, test_prompt(29, static_cast<int32_t>(file->config().vocab_size), 1, 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, SyntheticModelTest, testing::ValuesIn(variants()),
+                         [](const auto& info) { return info.param.name; });
+
+// The reference check must be able to fail: a different RoPE style gives different logits.
+TEST(SyntheticModel, ReferenceDetectsWrongRopeStyle) {
+  auto path = write_variant(variants()[0]);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  auto file = load_or_fail(*path);
+  ASSERT_TRUE(file);
+  ModelConfig wrong = file->config();
+  wrong.rope_style = RopeStyle::kNeox;
+  auto m = make_model(file, 1);
+  ASSERT_TRUE(m);
+  const auto tokens = test_prompt(8, 300, 1, 3);
+  KvCache cache = m->make_cache();
+  auto got = run_chunked(*m, tokens, 1, cache);
+  auto want = RefModel{*file, wrong}.run(tokens);
+  double max_err = 0;
+  for (int64_t i = 0; i < 300; ++i) max_err = std::max(max_err, std::fabs(want[7][i] - got.at(7)[i]));
+  EXPECT_GT(max_err, 1e-4);
+}
+
+// ---- stories260K (a real trained model).
+
+class Stories260KTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(stories_path())) GTEST_SKIP() << "../shared/models/stories260K.gguf is absent";
+    file_ = load_or_fail(stories_path());
+    ASSERT_TRUE(file_);
+  }
+  std::shared_ptr<const ModelFile> file_;
+};
+
+TEST_F(Stories260KTest, GeometryAndWeightBytes) {
+  auto m = make_model(file_);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->config().n_layers, 5);
+  EXPECT_EQ(m->config().head_dim, 8);
+  EXPECT_EQ(m->max_context(), 2048);
+  uint64_t want = 0;
+  for (const auto& [name, t] : file_->tensors())
+    if (name != "token_embd.weight" && name != "rope_freqs.weight") want += t.nbytes;
+  EXPECT_EQ(m->weight_bytes_per_token(), want);
+  // Every layer matrix, norms and the output matrix: 5 * (4*64*64/2... ) in f32.
+  const uint64_t per_layer = 4ull * (64 * 64 + 2 * 32 * 64 + 64 * 64) + 4ull * 3 * 64 * 172 + 4ull * 2 * 64;
+  EXPECT_EQ(want, 5 * per_layer + 4ull * 512 * 64 + 4ull * 64);
+}
+
+TEST_F(Stories260KTest, ChunkInvariantBitForBit) {
+  expect_chunk_invariant(file_, test_prompt(41, 512, 1, 5));
+}
+
+TEST_F(Stories260KTest, ForwardRejectsBadInput) {
+  auto m = make_model(file_, 1, 0, 16);
+  ASSERT_TRUE(m);
+  KvCache cache = m->make_cache();
+  std::vector<float> logits(512);
+  std::vector<int32_t> ok{1, 2, 3};
+  EXPECT_EQ(m->forward({}, 0, cache, logits).code(), StatusCode::kInvalidArgument);
+  std::vector<int32_t> bad{1, 512};
+  EXPECT_EQ(m->forward(bad, 0, cache, logits).code(), StatusCode::kInvalidArgument);
+  std::vector<int32_t> neg{-1};
+  EXPECT_EQ(m->forward(neg, 0, cache, logits).code(), StatusCode::kInvalidArgument);
+  std::vector<float> small(511);
+  EXPECT_EQ(m->forward(ok, 0, cache, small).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->forward(ok, 14, cache, logits).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(m->forward(ok, -1, cache, logits).code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(m->forward(ok, 13, cache, logits).ok());
+  ModelConfig other_cfg = m->config();
+  other_cfg.n_kv_heads = 2;
+  KvCache other(other_cfg, 16);
+  EXPECT_EQ(m->forward(ok, 0, other, logits).code(), StatusCode::kInvalidArgument);
+}
+
+// Both loaders give bit-identical logits: stories260K exported as an HF directory and loaded back.
+void expect_gguf_and_hf_identical(const std::string& gguf_path, const std::string& tag) {
+  auto gguf = load_or_fail(gguf_path);
+  ASSERT_TRUE(gguf);
+  const fs::path dir = temp_dir("hf_" + tag);
+  Status st = export_hf_model(*gguf, dir.string(), HfExportOptions{});
+  if (st.code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << "the safetensors exporter is not available yet: " << st.to_string();
+  }
+  ASSERT_TRUE(st.ok()) << "export to safetensors failed: " << st.to_string();
+  auto hf = load_or_fail(dir.string());
+  ASSERT_TRUE(hf);
+  auto m1 = make_model(gguf), m2 = make_model(hf);
+  ASSERT_TRUE(m1 && m2);
+  const auto tokens = test_prompt(33, static_cast<int32_t>(gguf->config().vocab_size), 1, 6);
+  KvCache c1 = m1->make_cache(), c2 = m2->make_cache();
+  auto l1 = run_chunked(*m1, tokens, 1, c1);
+  auto l2 = run_chunked(*m2, tokens, 1, c2);
+  for (const auto& [pos, logits] : l1) {
+    EXPECT_TRUE(bits_equal(logits.data(), l2.at(pos).data(), gguf->config().vocab_size))
+        << "logits at position " << pos;
+  }
+  fs::remove_all(dir);
+}
+
+TEST_F(Stories260KTest, GgufAndHfLoadersGiveIdenticalLogits) {
+  expect_gguf_and_hf_identical(stories_path(), "stories");
+}
+
+TEST(SyntheticModel, GgufAndHfLoadersGiveIdenticalLogits) {
+  for (const Variant& v : variants()) {
+    if (v.synth.dtype == DType::kQ8_0) continue;  // exported dequantised: other weights
+    SCOPED_TRACE(v.name);
+    auto path = write_variant(v);
+    ASSERT_TRUE(path.ok()) << path.status().to_string();
+    expect_gguf_and_hf_identical(*path, v.name);
+  }
+}
+
+// Removes the synthetic model files when the tests end.
+class TempFilesCleanup : public testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(temp_dir("synth"), ec);
+  }
+};
+const testing::Environment* const kCleanup = testing::AddGlobalTestEnvironment(new TempFilesCleanup);
+
+}  // namespace
+}  // namespace cleave
