@@ -14,14 +14,16 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 900
 if [ "$secs" -gt 0 ]; then
-  for fuzzer in build-asan/fuzz/*_fuzz; do
-    [ -x "$fuzzer" ] || continue
-    name=$(basename "$fuzzer")
-    corpus=build-asan/fuzz-corpus/$name
+  seeds=build-asan/fuzz-seeds
+  rm -rf "$seeds" && build-asan/fuzz/make_fuzz_seeds "$seeds"
+  for kind in gguf safetensors; do
+    corpus=build-asan/fuzz-corpus/$kind
     mkdir -p "$corpus"
-    if [ -x build-asan/fuzz/make_seeds ]; then build-asan/fuzz/make_seeds "$name" "$corpus"; fi
-    echo "fuzz: $name for ${secs}s" >&2
-    "$fuzzer" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-      "$corpus" 2>&1 | tail -n 15
+    echo "fuzz: ${kind}_fuzz for ${secs}s" >&2
+    # -malloc_limit_mb: any single allocation over 1 GiB (a lying count) is a failure.
+    (cd build-asan && ./fuzz/${kind}_fuzz -max_total_time="$secs" -rss_limit_mb=2048 \
+        -malloc_limit_mb=1024 -print_final_stats=1 "fuzz-corpus/$kind" "fuzz-seeds/$kind") \
+      > "build-asan/${kind}_fuzz.log" 2>&1 || { tail -n 60 "build-asan/${kind}_fuzz.log"; exit 1; }
+    grep -E "^stat::number_of_executed_units|^Done" "build-asan/${kind}_fuzz.log" >&2 || true
   done
 fi

@@ -1,5 +1,8 @@
 // The `cleave` binary: wiring only; each subcommand lives in its own cmd_*.cpp.
 #include <cstdio>
+#include <cstdlib>
+
+#include "cleave/common/log.h"
 
 #include "commands.h"
 
@@ -7,12 +10,25 @@ int main(int argc, char** argv) {
   CLI::App app{"cleave: a disaggregated LLM inference server"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "cleave 0.1.0");
+  // Diagnostics go to stderr from the first line on; subcommands may re-initialise with their
+  // role. CLEAVE_LOG_LEVEL sets the level (default warn for the command-line tools).
+  {
+    cleave::LogOptions log_opts;
+    const char* level = std::getenv("CLEAVE_LOG_LEVEL");
+    log_opts.level = level && *level ? level : "warn";
+    if (!cleave::init_logging(log_opts).ok()) {
+      std::fprintf(stderr, "cleave: CLEAVE_LOG_LEVEL='%s' is not a log level "
+                   "(trace, debug, info, warn, error, off)\n", level);
+      return 2;
+    }
+  }
   int exit_code = 0;
   cleave::cli::add_generate_command(app, &exit_code);
   cleave::cli::add_tokenize_command(app, &exit_code);
   cleave::cli::add_convert_command(app, &exit_code);
   cleave::cli::add_model_command(app, &exit_code);
   cleave::cli::add_config_command(app, &exit_code);
+  cleave::cli::add_bench_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

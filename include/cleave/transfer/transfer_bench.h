@@ -1,0 +1,37 @@
+// `cleave bench transfer`: an initiator (this process) and a target process (the same binary
+// re-executed with --role target) measure the engine's write bandwidth and latency per size,
+// beside a raw single-endpoint fi_write loop over the same provider (what libfabric gives).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cleave/common/status.h"
+
+namespace cleave::transfer {
+
+struct TransferBenchOptions {
+  std::string provider = "tcp;ofi_rxm";
+  std::vector<uint64_t> sizes = {4096, 65536, 1 << 20, 4 << 20};
+  int64_t iters = 200;
+  int64_t rails = 1;
+  int64_t window = 64;  // writes in flight
+  // argv prefix that starts the target role, e.g. {"/proc/self/exe", "bench", "transfer"}.
+  std::vector<std::string> target_command;
+};
+
+struct TransferBenchRow {
+  std::string provider;
+  uint64_t size_bytes = 0;
+  double gbps = 0, p50_us = 0, p99_us = 0, raw_gbps = 0, ratio = 0;
+};
+
+Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOptions& opts);
+// The target role: prints its addresses on stdout and serves until stdin closes. Returns the
+// process exit code.
+int run_transfer_bench_target(const std::string& provider, int64_t rails, uint64_t region_bytes);
+// "4KiB,64KiB,1MiB" -> bytes; InvalidArgument names the bad item.
+Result<std::vector<uint64_t>> parse_sizes(const std::string& list);
+
+}  // namespace cleave::transfer

@@ -1,0 +1,134 @@
+// The transfer engine: one-sided RMA writes from this process's registered memory into a
+// peer's registered memory over libfabric (FI_EP_RDM, FI_RMA | FI_MSG), and small notices
+// delivered strictly after the data they announce.
+//
+// Thread-safety: every public method may be called from any thread. Each rail has one
+// progress thread ("xfer-railN") that owns its endpoint: it posts queued slices (paced by the
+// TX depth, answering -FI_EAGAIN with progress), reads completions and errors, enforces the
+// completion timeout and receives notices. The engine must outlive every handle's use.
+//
+// Ordering: a batch's notice is sent only after every write of the batch has completed (with
+// FI_DELIVERY_COMPLETE when the provider accepts it), so a peer that sees the notice can read
+// the data. notify(peer, tag) is ordered after every batch previously submitted to that peer.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cleave/common/status.h"
+#include "cleave/transfer/memory_region.h"
+#include "cleave/transfer/transfer_metrics.h"
+#include "cleave/transfer/transfer_options.h"
+
+namespace cleave::transfer {
+
+// One write: `len` bytes from `local` region at `local_offset` to the peer's `remote` region at
+// `remote_offset`. The local region id must be one this engine registered; `remote` must be a
+// descriptor of the peer the batch goes to.
+struct WriteOp {
+  uint64_t local_region = 0;
+  uint64_t local_offset = 0;
+  RemoteDescriptor remote;
+  uint64_t remote_offset = 0;
+  uint64_t len = 0;
+};
+
+struct Batch {
+  uint64_t peer = 0;  // from connect()
+  std::vector<WriteOp> writes;
+  // When set, a notice with this tag goes to the peer after every write has been placed.
+  std::optional<uint64_t> notify_tag;
+};
+
+// A notice received from a peer.
+struct Notice {
+  uint64_t from_engine = 0;  // the sender's engine id
+  uint64_t tag = 0;
+};
+
+struct TransferState;
+
+// Completion handle of one submitted batch. Cheap to copy; all copies see the same transfer.
+class TransferHandle {
+ public:
+  TransferHandle() = default;
+  explicit TransferHandle(std::shared_ptr<TransferState> s) : state_(std::move(s)) {}
+
+  bool valid() const { return state_ != nullptr; }
+  // Non-blocking: nullopt while in flight, else the final status.
+  std::optional<Status> poll() const;
+  // Blocks until the transfer finishes (its own completion timeout bounds this) or `timeout`
+  // passes (DEADLINE_EXCEEDED, the transfer keeps going).
+  Status wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
+  uint64_t bytes() const;
+
+ private:
+  std::shared_ptr<TransferState> state_;
+};
+
+class TransferEngine {
+ public:
+  // Picks the provider (settings.provider, "auto" tries efa, verbs;ofi_rxm, shm when
+  // `peers_on_this_host`, tcp;ofi_rxm), opens the rails and starts their progress threads.
+  // The chosen provider is logged at info level.
+  static Result<std::unique_ptr<TransferEngine>> create(const TransferSettings& settings,
+                                                        bool peers_on_this_host = false);
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // "tcp;ofi_rxm", "shm", "efa"...: what libfabric actually gave us.
+  const std::string& provider() const;
+  uint64_t engine_id() const;
+  int rails() const;
+  // Serialized endpoint names of every rail plus the engine id, for the control plane.
+  std::string address() const;
+
+  // Registers [ptr, ptr+len). CUDA memory needs a CUDA build and an FI_HMEM provider.
+  Result<MemoryRegion> register_memory(void* ptr, uint64_t len, MemoryKind kind);
+  // NotFound for an unknown id. The caller makes sure no transfer uses the region any more.
+  Status deregister(uint64_t region_id);
+
+  // Inserts the peer's endpoint names (from its address()) into the address vectors and
+  // returns the peer id to use in batches. Connecting twice to one engine returns the same id
+  // and clears an earlier "unreachable" mark.
+  Result<uint64_t> connect(std::string_view peer_address);
+
+  // Validates every write (regions, ranges, overflow, key owner) before posting anything:
+  // a bad batch returns an error and nothing is sent. Then coalesces adjacent writes, slices
+  // them and queues the slices over the rails.
+  Result<TransferHandle> submit(const Batch& batch);
+  // A notice ordered after every batch submitted to `peer` before this call.
+  Result<TransferHandle> notify(uint64_t peer, uint64_t tag);
+
+  // Notices received so far (and removes them); wait_notice blocks up to `timeout` for one.
+  std::vector<Notice> take_notices();
+  Result<Notice> wait_notice(std::chrono::milliseconds timeout);
+
+  TransferMetricsSnapshot metrics() const;
+
+  struct Impl;
+
+ private:
+  explicit TransferEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Coalescing and slicing, exposed for tests. Writes whose local and remote ranges both follow
+// the previous one (same regions) are merged; the result is cut into pieces of at most
+// `slice_bytes`. Order of non-adjacent writes is kept.
+struct PlannedSlice {
+  uint64_t local_region;
+  uint64_t local_offset;
+  size_t remote_index;  // index into the batch's writes whose descriptor to use
+  uint64_t remote_offset;
+  uint64_t len;
+};
+std::vector<PlannedSlice> plan_slices(const std::vector<WriteOp>& writes, uint64_t slice_bytes);
+
+}  // namespace cleave::transfer

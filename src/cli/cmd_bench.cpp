@@ -1,0 +1,89 @@
+// `cleave bench transfer`: transfer-engine bandwidth and latency against a raw fi_write loop.
+#include <fstream>
+#include <iostream>
+
+#include "commands.h"
+#include "nlohmann/json.hpp"
+
+#ifdef CLEAVE_HAVE_TRANSFER
+#include "cleave/transfer/transfer_bench.h"
+#endif
+
+namespace cleave::cli {
+
+void add_bench_command(CLI::App& app, int* exit_code) {
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto* cmd = bench->add_subcommand(
+      "transfer", "Write bandwidth/latency of the transfer engine vs a raw fi_write loop (two processes)");
+  struct Args {
+    std::string provider = "tcp;ofi_rxm";
+    std::string sizes = "4KiB,64KiB,1MiB,4MiB";
+    int64_t iters = 200, rails = 1, window = 64;
+    std::string json, role = "initiator";
+    uint64_t region_bytes = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--provider", a->provider, "libfabric provider, e.g. 'tcp;ofi_rxm', shm, efa");
+  cmd->add_option("--sizes", a->sizes, "comma-separated sizes (4096, 64KiB, 1MiB...)");
+  cmd->add_option("--iters", a->iters, "writes per size")->check(CLI::PositiveNumber);
+  cmd->add_option("--rails", a->rails, "rails (endpoints) of the engine")->check(CLI::Range(1, 64));
+  cmd->add_option("--window", a->window, "writes in flight")->check(CLI::PositiveNumber);
+  cmd->add_option("--json", a->json, "also write the results as a JSON list to FILE");
+  cmd->add_option("--role", a->role, "internal: initiator or target")->group("");
+  cmd->add_option("--region-bytes", a->region_bytes, "internal: target region size")->group("");
+  cmd->callback([a, exit_code] {
+#ifndef CLEAVE_HAVE_TRANSFER
+    std::cerr << "cleave bench transfer: this build has no transfer engine (CLEAVE_WITH_FABRIC=OFF)\n";
+    *exit_code = 1;
+#else
+    using namespace cleave::transfer;
+    if (a->role == "target") {
+      *exit_code = run_transfer_bench_target(a->provider, a->rails, a->region_bytes);
+      return;
+    }
+    auto sizes = parse_sizes(a->sizes);
+    if (!sizes.ok()) {
+      std::cerr << "cleave bench transfer: " << sizes.status().message() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    TransferBenchOptions o;
+    o.provider = a->provider;
+    o.sizes = *sizes;
+    o.iters = a->iters;
+    o.rails = a->rails;
+    o.window = a->window;
+    o.target_command = {"/proc/self/exe", "bench", "transfer"};
+    auto rows = run_transfer_bench(o);
+    if (!rows.ok()) {
+      std::cerr << "cleave bench transfer: " << rows.status().to_string() << "\n";
+      *exit_code = 1;
+      return;
+    }
+    nlohmann::json j = nlohmann::json::array();
+    std::printf("%-14s %12s %10s %10s %10s %10s %7s\n", "provider", "size_bytes", "GB/s", "p50_us",
+                "p99_us", "raw_GB/s", "ratio");
+    for (const auto& r : *rows) {
+      std::printf("%-14s %12lu %10.3f %10.1f %10.1f %10.3f %7.3f\n", r.provider.c_str(),
+                  static_cast<unsigned long>(r.size_bytes), r.gbps, r.p50_us, r.p99_us, r.raw_gbps,
+                  r.ratio);
+      j.push_back({{"provider", r.provider}, {"size_bytes", r.size_bytes}, {"gbps", r.gbps},
+                   {"p50_us", r.p50_us}, {"p99_us", r.p99_us}, {"raw_gbps", r.raw_gbps},
+                   {"ratio", r.ratio}});
+    }
+    if (!a->json.empty()) {
+      std::ofstream f(a->json);
+      f << j.dump(2) << "\n";
+      if (!f) {
+        std::cerr << "cleave bench transfer: cannot write " << a->json << "\n";
+        *exit_code = 1;
+        return;
+      }
+    }
+    *exit_code = 0;
+#endif
+  });
+}
+
+}  // namespace cleave::cli

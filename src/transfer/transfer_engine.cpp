@@ -1,0 +1,483 @@
+// TransferEngine: provider selection, domains and rails, registration, peers, batches.
+#include "cleave/transfer/transfer_engine.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+
+#include "cleave/common/log.h"
+#include "fmt/format.h"
+#include "transfer_codec.h"
+#include "transfer_internal.h"
+
+namespace cleave::transfer {
+
+namespace {
+
+struct RegionRecord {
+  MemoryRegion region;
+  std::vector<fid_mr*> mrs;  // one per domain
+};
+
+uint64_t random_engine_id() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  v ^= static_cast<uint64_t>(::getpid()) << 17;
+  v ^= static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  return v ? v : 1;
+}
+
+struct InfoDeleter {
+  void operator()(fi_info* i) const { fi_freeinfo(i); }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+// fi_getinfo for one provider with the hints the engine wants; drops optional wishes
+// (FI_HMEM, FI_DELIVERY_COMPLETE) one by one when the provider refuses them.
+Result<InfoPtr> get_provider_info(const std::string& provider, const TransferSettings& settings,
+                                  bool* hmem, bool* delivery_complete) {
+  bool want_hmem = *hmem;
+  bool want_dc = *delivery_complete;
+  int last_rc = 0;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    bool use_hmem = want_hmem && (attempt == 0 || attempt == 1);
+    bool use_dc = want_dc && (attempt == 0 || attempt == 2);
+    if (attempt > 0 && !((want_hmem && attempt == 1) || (want_dc && attempt == 2) || attempt == 3)) {
+      continue;
+    }
+    InfoPtr hints(fi_allocinfo());
+    if (!hints) return ResourceExhausted("fi_allocinfo failed");
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_RMA | FI_MSG | (use_hmem ? FI_HMEM : 0);
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | (use_hmem ? FI_MR_HMEM : 0);
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    if (use_dc) hints->tx_attr->op_flags = FI_DELIVERY_COMPLETE;
+    hints->fabric_attr->prov_name = strdup(provider.c_str());
+    bool is_shm = provider.rfind("shm", 0) == 0;
+    const char* node = (!settings.node.empty() && !is_shm) ? settings.node.c_str() : nullptr;
+    fi_info* info = nullptr;
+    int rc = fi_getinfo(fi_version(), node, nullptr, node ? FI_SOURCE : 0, hints.get(), &info);
+    if (rc == 0 && info) {
+      *hmem = use_hmem;
+      *delivery_complete = use_dc;
+      return InfoPtr(info);
+    }
+    last_rc = rc;
+  }
+  return Unavailable(fabric_error(
+      fmt::format("libfabric provider '{}' offers no FI_EP_RDM endpoint with FI_RMA|FI_MSG "
+                  "(fi_getinfo, API {}.{})",
+                  provider, FI_MAJOR(fi_version()), FI_MINOR(fi_version())),
+      last_rc));
+}
+
+}  // namespace
+
+struct TransferEngine::Impl {
+  TransferSettings settings;
+  InfoPtr info;
+  fid_fabric* fabric = nullptr;
+  std::vector<fid_domain*> domains;
+  std::vector<fi_info*> domain_info;
+  std::vector<int> rail_domain;
+  std::vector<std::unique_ptr<FabricRail>> rails;
+  bool virt_addr = false, prov_key = false, mr_local = false, hmem = false, dc = false;
+  uint64_t engine_id = random_engine_id();
+  std::string provider;
+  std::string address;
+  MetricsCounters metrics;
+  std::atomic<uint64_t> next_key{1}, next_region{1}, next_peer{1}, round_robin{0};
+
+  std::mutex regions_mu;
+  std::unordered_map<uint64_t, RegionRecord> regions;
+  std::mutex peers_mu;
+  std::unordered_map<uint64_t, std::shared_ptr<PeerRecord>> peers;  // by peer id
+  std::unordered_map<uint64_t, uint64_t> peer_by_engine;
+  std::mutex notices_mu;
+  std::condition_variable notices_cv;
+  std::deque<Notice> notices;
+
+  static uint64_t take_key(void* self) {
+    return static_cast<Impl*>(self)->next_key.fetch_add(1);
+  }
+
+  ~Impl() {
+    for (auto& r : rails) r->stop();
+    rails.clear();
+    for (auto& [id, rec] : regions) {
+      for (fid_mr* mr : rec.mrs) if (mr) fi_close(&mr->fid);
+    }
+    for (fid_domain* d : domains) fi_close(&d->fid);
+    if (fabric) fi_close(&fabric->fid);
+  }
+
+  Status open(const TransferSettings& s, bool peers_on_this_host);
+  Result<std::shared_ptr<PeerRecord>> find_peer(uint64_t peer);
+  void on_notice(const Notice& n) {
+    {
+      std::lock_guard<std::mutex> lock(notices_mu);
+      notices.push_back(n);
+    }
+    notices_cv.notify_all();
+  }
+};
+
+Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_host) {
+  settings = s;
+  if (settings.rails < 1 || settings.rails > 64) {
+    return InvalidArgument(fmt::format("transfer.rails must be 1..64, got {}", settings.rails));
+  }
+  if (settings.slice_bytes < 4096) {
+    return InvalidArgument(
+        fmt::format("transfer.slice_bytes must be at least 4096, got {}", settings.slice_bytes));
+  }
+  if (settings.completion_timeout_ms < 1) {
+    return InvalidArgument(fmt::format("transfer.completion_timeout_ms must be positive, got {}",
+                                       settings.completion_timeout_ms));
+  }
+  std::vector<std::string> candidates;
+  if (settings.provider == "auto" || settings.provider.empty()) {
+    candidates = {"efa", "verbs;ofi_rxm"};
+    if (peers_on_this_host) candidates.push_back("shm");
+    candidates.push_back("tcp;ofi_rxm");
+  } else {
+    candidates = {settings.provider};
+  }
+#ifdef CLEAVE_HAVE_CUDA
+  bool want_hmem = settings.hmem;
+#else
+  bool want_hmem = false;
+#endif
+  std::string tried;
+  for (const auto& c : candidates) {
+    bool h = want_hmem, d = settings.delivery_complete;
+    auto got = get_provider_info(c, settings, &h, &d);
+    if (got.ok()) {
+      info = std::move(got).value();
+      hmem = h;
+      dc = d;
+      break;
+    }
+    tried += fmt::format("\n  {}", got.status().message());
+  }
+  if (!info) {
+    return Unavailable(fmt::format("no usable libfabric provider (transfer.provider={}):{}",
+                                   settings.provider, tried));
+  }
+  provider = info->fabric_attr->prov_name;
+  uint64_t mr_mode = info->domain_attr->mr_mode;
+  virt_addr = mr_mode & FI_MR_VIRT_ADDR;
+  prov_key = mr_mode & FI_MR_PROV_KEY;
+  mr_local = mr_mode & FI_MR_LOCAL;
+  if (mr_mode & FI_MR_ENDPOINT) {
+    return Unimplemented(fmt::format("provider {} needs FI_MR_ENDPOINT, which this engine does "
+                                     "not support", provider));
+  }
+
+  int rc = fi_fabric(info->fabric_attr, &fabric, nullptr);
+  if (rc) return Internal(fabric_error(fmt::format("fi_fabric({})", provider), rc));
+  // One domain per distinct NIC the provider offers (same fabric); rails go round-robin.
+  for (fi_info* i = info.get(); i; i = i->next) {
+    if (std::strcmp(i->fabric_attr->prov_name, info->fabric_attr->prov_name) != 0 ||
+        std::strcmp(i->fabric_attr->name, info->fabric_attr->name) != 0) {
+      continue;
+    }
+    bool seen = false;
+    for (fi_info* d : domain_info) seen |= std::strcmp(d->domain_attr->name, i->domain_attr->name) == 0;
+    if (!seen) domain_info.push_back(i);
+    if (static_cast<int64_t>(domain_info.size()) >= settings.rails) break;
+  }
+  for (fi_info* d : domain_info) {
+    fid_domain* dom = nullptr;
+    rc = fi_domain(fabric, d, &dom, nullptr);
+    if (rc) return Internal(fabric_error(fmt::format("fi_domain({})", d->domain_attr->name), rc));
+    domains.push_back(dom);
+  }
+  metrics.init(provider, static_cast<int>(settings.rails));
+  EngineAddress addr{engine_id, provider, {}};
+  for (int i = 0; i < settings.rails; ++i) {
+    int dom = i % static_cast<int>(domains.size());
+    rail_domain.push_back(dom);
+    auto rail = std::make_unique<FabricRail>(i, domains[static_cast<size_t>(dom)],
+                                             domain_info[static_cast<size_t>(dom)], settings,
+                                             &metrics, dc, [this](const Notice& n) { on_notice(n); });
+    CLEAVE_RETURN_IF_ERROR(rail->open(engine_id, &Impl::take_key, this));
+    addr.rail_names.push_back(rail->name());
+    rails.push_back(std::move(rail));
+  }
+  address = addr.encode();
+  for (auto& r : rails) r->start();
+  log::info("transfer engine {:016x}: provider {} (fabric {}), {} rail(s) on {} domain(s), "
+            "mr_mode{}{}{}, delivery_complete={}, hmem={}, tx depth {}, libfabric API {}.{}",
+            engine_id, provider, info->fabric_attr->name, rails.size(), domains.size(),
+            virt_addr ? " virt_addr" : " offsets", prov_key ? " prov_key" : " requested_keys",
+            mr_local ? " local" : "", dc, hmem, info->tx_attr->size, FI_MAJOR(fi_version()),
+            FI_MINOR(fi_version()));
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<PeerRecord>> TransferEngine::Impl::find_peer(uint64_t peer) {
+  std::lock_guard<std::mutex> lock(peers_mu);
+  auto it = peers.find(peer);
+  if (it == peers.end()) {
+    return NotFound(fmt::format("peer id {} is not connected to this transfer engine", peer));
+  }
+  return it->second;
+}
+
+TransferEngine::TransferEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TransferEngine::~TransferEngine() = default;
+
+Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferSettings& settings,
+                                                               bool peers_on_this_host) {
+  auto impl = std::make_unique<Impl>();
+  CLEAVE_RETURN_IF_ERROR(impl->open(settings, peers_on_this_host));
+  return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
+}
+
+const std::string& TransferEngine::provider() const { return impl_->provider; }
+uint64_t TransferEngine::engine_id() const { return impl_->engine_id; }
+int TransferEngine::rails() const { return static_cast<int>(impl_->rails.size()); }
+std::string TransferEngine::address() const { return impl_->address; }
+
+Result<MemoryRegion> TransferEngine::register_memory(void* ptr, uint64_t len, MemoryKind kind) {
+  if (!ptr || len == 0) {
+    return InvalidArgument(fmt::format("register_memory: empty range (ptr={}, len={})", ptr, len));
+  }
+  if (kind.type == MemoryKind::Type::kCuda) {
+#ifndef CLEAVE_HAVE_CUDA
+    return FailedPrecondition("register_memory: CUDA memory needs a build with CUDA "
+                              "(CLEAVE_WITH_CUDA)");
+#else
+    if (!impl_->hmem) {
+      return FailedPrecondition(fmt::format(
+          "register_memory: provider {} was opened without FI_HMEM, so it cannot register CUDA "
+          "memory (device {})", impl_->provider, kind.device));
+    }
+#endif
+  }
+  RegionRecord rec;
+  rec.region.id = impl_->next_region.fetch_add(1);
+  rec.region.ptr = ptr;
+  rec.region.len = len;
+  rec.region.kind = kind;
+  std::vector<uint64_t> domain_keys;
+  const uint64_t access = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  auto fail = [&](Status s) {
+    for (fid_mr* mr : rec.mrs) fi_close(&mr->fid);
+    return s;
+  };
+  for (size_t d = 0; d < impl_->domains.size(); ++d) {
+    uint64_t requested_key = impl_->next_key.fetch_add(1);
+    fid_mr* mr = nullptr;
+    iovec iov{ptr, len};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = access;
+    attr.requested_key = requested_key;
+    attr.iface = FI_HMEM_SYSTEM;
+#ifdef CLEAVE_HAVE_CUDA
+    if (kind.type == MemoryKind::Type::kCuda) {
+      attr.iface = FI_HMEM_CUDA;
+      attr.device.cuda = kind.device;
+    }
+#endif
+    int rc = fi_mr_regattr(impl_->domains[d], &attr, 0, &mr);
+    if (rc) {
+      return fail(Internal(fabric_error(
+          fmt::format("register_memory: fi_mr_regattr of {} bytes at {} ({} memory) on {}", len,
+                      ptr, kind.type == MemoryKind::Type::kCuda ? "CUDA" : "host", impl_->provider),
+          rc)));
+    }
+    rec.mrs.push_back(mr);
+    domain_keys.push_back(impl_->prov_key ? fi_mr_key(mr) : requested_key);
+  }
+  RemoteDescriptor& rd = rec.region.remote;
+  rd.engine_id = impl_->engine_id;
+  rd.region_id = rec.region.id;
+  rd.addr = reinterpret_cast<uint64_t>(ptr);
+  rd.len = len;
+  rd.virt_addr = impl_->virt_addr;
+  for (int dom : impl_->rail_domain) rd.keys.push_back(domain_keys[static_cast<size_t>(dom)]);
+  MemoryRegion out = rec.region;
+  std::lock_guard<std::mutex> lock(impl_->regions_mu);
+  impl_->regions.emplace(out.id, std::move(rec));
+  return out;
+}
+
+Status TransferEngine::deregister(uint64_t region_id) {
+  std::lock_guard<std::mutex> lock(impl_->regions_mu);
+  auto it = impl_->regions.find(region_id);
+  if (it == impl_->regions.end()) {
+    return NotFound(fmt::format("deregister: region {} is not registered", region_id));
+  }
+  for (fid_mr* mr : it->second.mrs) fi_close(&mr->fid);
+  impl_->regions.erase(it);
+  return Status::Ok();
+}
+
+Result<uint64_t> TransferEngine::connect(std::string_view peer_address) {
+  CLEAVE_ASSIGN_OR_RETURN(EngineAddress a, EngineAddress::decode(peer_address));
+  if (a.provider != impl_->provider) {
+    return FailedPrecondition(fmt::format("peer {:016x} uses provider '{}' but this engine uses "
+                                          "'{}'; both sides must use the same provider",
+                                          a.engine_id, a.provider, impl_->provider));
+  }
+  std::lock_guard<std::mutex> lock(impl_->peers_mu);
+  auto known = impl_->peer_by_engine.find(a.engine_id);
+  if (known != impl_->peer_by_engine.end()) {
+    impl_->peers[known->second]->unreachable.store(false);
+    return known->second;
+  }
+  auto peer = std::make_shared<PeerRecord>();
+  peer->id = impl_->next_peer.fetch_add(1);
+  peer->engine_id = a.engine_id;
+  for (size_t i = 0; i < impl_->rails.size(); ++i) {
+    CLEAVE_ASSIGN_OR_RETURN(fi_addr_t fa,
+                            impl_->rails[i]->insert_peer(a.rail_names[i % a.rail_names.size()]));
+    peer->rail_addr.push_back(fa);
+  }
+  impl_->peers[peer->id] = peer;
+  impl_->peer_by_engine[a.engine_id] = peer->id;
+  return peer->id;
+}
+
+Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
+  Impl& im = *impl_;
+  CLEAVE_ASSIGN_OR_RETURN(auto peer, im.find_peer(batch.peer));
+  if (batch.writes.empty()) {
+    if (batch.notify_tag) return notify(batch.peer, *batch.notify_tag);
+    return InvalidArgument("submit: the batch has no writes and no notice");
+  }
+  auto refuse = [&](Status s) {
+    im.metrics.add_error(TransferErrorKind::kInvalidDescriptor);
+    return s;
+  };
+  if (peer->unreachable.load()) {
+    im.metrics.add_error(TransferErrorKind::kPeerUnavailable);
+    return Unavailable(fmt::format("submit: peer {:016x} is unreachable (an earlier transfer to "
+                                   "it failed); reconnect first", peer->engine_id));
+  }
+  const uint64_t slice = std::min<uint64_t>(static_cast<uint64_t>(im.settings.slice_bytes),
+                                            im.rails[0]->max_msg_size());
+  auto state = std::make_shared<TransferState>();
+  state->metrics = &im.metrics;
+  state->peer = peer;
+  state->notify_tag = batch.notify_tag;
+  const size_t nrails = im.rails.size();
+  std::vector<std::vector<RailWork>> per_rail(nrails);
+  {
+    std::lock_guard<std::mutex> lock(im.regions_mu);
+    for (size_t i = 0; i < batch.writes.size(); ++i) {
+      const WriteOp& w = batch.writes[i];
+      if (w.len == 0) return refuse(InvalidArgument(fmt::format("write {}: zero length", i)));
+      auto it = im.regions.find(w.local_region);
+      if (it == im.regions.end()) {
+        return refuse(NotFound(fmt::format("write {}: local region {} is not registered with this "
+                                           "engine", i, w.local_region)));
+      }
+      const MemoryRegion& lr = it->second.region;
+      if (w.local_offset > lr.len || w.len > lr.len - w.local_offset) {
+        return refuse(OutOfRange(fmt::format(
+            "write {}: local range [{}, +{}) is outside region {} of {} bytes", i, w.local_offset,
+            w.len, lr.id, lr.len)));
+      }
+      if (w.remote.engine_id != peer->engine_id) {
+        return refuse(InvalidArgument(fmt::format(
+            "write {}: remote descriptor (region {}) belongs to engine {:016x}, not to the target "
+            "peer {:016x}: a foreign key", i, w.remote.region_id, w.remote.engine_id,
+            peer->engine_id)));
+      }
+      if (w.remote.keys.empty()) {
+        return refuse(InvalidArgument(fmt::format("write {}: remote descriptor has no keys", i)));
+      }
+      if (w.remote_offset > w.remote.len || w.len > w.remote.len - w.remote_offset) {
+        return refuse(OutOfRange(fmt::format(
+            "write {}: remote range [{}, +{}) is outside remote region {} of {} bytes", i,
+            w.remote_offset, w.len, w.remote.region_id, w.remote.len)));
+      }
+      state->bytes += w.len;
+    }
+    std::vector<PlannedSlice> slices = plan_slices(batch.writes, slice);
+    uint64_t rr = im.round_robin.fetch_add(slices.size());
+    for (const PlannedSlice& s : slices) {
+      size_t rail = static_cast<size_t>(rr++ % nrails);
+      const RegionRecord& rec = im.regions.at(s.local_region);
+      const RemoteDescriptor& rd = batch.writes[s.remote_index].remote;
+      RailWork work;
+      work.kind = RailWork::Kind::kWrite;
+      work.transfer = state;
+      work.local = static_cast<char*>(rec.region.ptr) + s.local_offset;
+      work.local_desc = fi_mr_desc(rec.mrs[static_cast<size_t>(im.rail_domain[rail])]);
+      work.len = s.len;
+      work.remote_addr = rd.virt_addr ? rd.addr + s.remote_offset : s.remote_offset;
+      work.key = rd.keys[rail % rd.keys.size()];
+      per_rail[rail].push_back(std::move(work));
+    }
+    state->writes_left.store(static_cast<int64_t>(slices.size()));
+  }
+  {
+    std::lock_guard<std::mutex> lock(peer->mu);
+    std::erase_if(peer->recent, [](const std::weak_ptr<TransferState>& w) {
+      auto s = w.lock();
+      return !s || s->is_done();
+    });
+    peer->recent.push_back(state);
+  }
+  for (size_t r = 0; r < nrails; ++r) {
+    if (!per_rail[r].empty()) im.rails[r]->enqueue(std::move(per_rail[r]));
+  }
+  return TransferHandle(state);
+}
+
+Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
+  Impl& im = *impl_;
+  CLEAVE_ASSIGN_OR_RETURN(auto peer, im.find_peer(peer_id));
+  if (peer->unreachable.load()) {
+    im.metrics.add_error(TransferErrorKind::kPeerUnavailable);
+    return Unavailable(fmt::format("notify: peer {:016x} is unreachable", peer->engine_id));
+  }
+  auto state = std::make_shared<TransferState>();
+  state->metrics = &im.metrics;
+  state->peer = peer;
+  state->notify_tag = tag;
+  {
+    std::lock_guard<std::mutex> lock(peer->mu);
+    for (auto& w : peer->recent) {
+      if (auto s = w.lock(); s && !s->is_done()) state->predecessors.push_back(s);
+    }
+    peer->recent.push_back(state);
+  }
+  RailWork work;
+  work.kind = RailWork::Kind::kNotice;
+  work.transfer = state;
+  std::vector<RailWork> v;
+  v.push_back(std::move(work));
+  im.rails[static_cast<size_t>(im.round_robin.fetch_add(1) % im.rails.size())]->enqueue(std::move(v));
+  return TransferHandle(state);
+}
+
+std::vector<Notice> TransferEngine::take_notices() {
+  std::lock_guard<std::mutex> lock(impl_->notices_mu);
+  std::vector<Notice> out(impl_->notices.begin(), impl_->notices.end());
+  impl_->notices.clear();
+  return out;
+}
+
+Result<Notice> TransferEngine::wait_notice(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(impl_->notices_mu);
+  if (!impl_->notices_cv.wait_for(lock, timeout, [&] { return !impl_->notices.empty(); })) {
+    return DeadlineExceeded(fmt::format("no notice arrived within {} ms", timeout.count()));
+  }
+  Notice n = impl_->notices.front();
+  impl_->notices.pop_front();
+  return n;
+}
+
+TransferMetricsSnapshot TransferEngine::metrics() const { return impl_->metrics.snapshot(); }
+
+}  // namespace cleave::transfer

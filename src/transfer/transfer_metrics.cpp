@@ -1,0 +1,100 @@
+// Metrics counters and the completion state of transfers.
+#include <bit>
+
+#include "fmt/format.h"
+
+#include "transfer_internal.h"
+
+namespace cleave::transfer {
+
+void MetricsCounters::init(std::string provider, int rails) {
+  provider_ = std::move(provider);
+  rails_ = rails;
+  rail_bytes_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails));
+  rail_writes_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails));
+  for (int i = 0; i < rails; ++i) {
+    rail_bytes_[i].store(0);
+    rail_writes_[i].store(0);
+  }
+}
+
+void MetricsCounters::add_rail_write(int rail, uint64_t bytes) {
+  rail_bytes_[rail].fetch_add(bytes, std::memory_order_relaxed);
+  rail_writes_[rail].fetch_add(1, std::memory_order_relaxed);
+}
+
+void MetricsCounters::add_transfer(uint64_t peer_engine, uint64_t bytes, Clock::duration latency,
+                                   bool ok) {
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(latency).count();
+  size_t bucket = us <= 0 ? 0 : static_cast<size_t>(std::bit_width(static_cast<uint64_t>(us)));
+  bucket = std::min<size_t>(bucket, TransferMetricsSnapshot::kLatencyBuckets - 1);
+  if (ok) latency_[bucket].fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto& p = peers_[peer_engine];
+  if (ok) {
+    p.bytes += bytes;
+    p.transfers += 1;
+  } else {
+    p.failures += 1;
+  }
+}
+
+void MetricsCounters::add_error(TransferErrorKind kind) {
+  errors_[static_cast<size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+}
+
+TransferMetricsSnapshot MetricsCounters::snapshot() const {
+  TransferMetricsSnapshot s;
+  s.provider = provider_;
+  for (int i = 0; i < rails_; ++i) {
+    s.rail_bytes.push_back(rail_bytes_[i].load());
+    s.rail_writes.push_back(rail_writes_[i].load());
+  }
+  for (size_t i = 0; i < latency_.size(); ++i) s.latency_us_buckets[i] = latency_[i].load();
+  for (size_t i = 0; i < errors_.size(); ++i) s.errors[i] = errors_[i].load();
+  s.notices_sent = notices_sent_.load();
+  s.notices_received = notices_received_.load();
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  s.peers = peers_;
+  return s;
+}
+
+bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return false;
+    done = true;
+    status = std::move(s);
+    finished.store(true, std::memory_order_release);
+  }
+  if (metrics) {
+    if (kind) metrics->add_error(*kind);
+    metrics->add_transfer(peer ? peer->engine_id : 0, bytes, Clock::now() - start, status.ok());
+  }
+  cv.notify_all();
+  return true;
+}
+
+std::optional<Status> TransferHandle::poll() const {
+  if (!state_) return FailedPrecondition("poll() on an empty transfer handle");
+  if (!state_->is_done()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->status;
+}
+
+Status TransferHandle::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return FailedPrecondition("wait() on an empty transfer handle");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  auto pred = [&] { return state_->done; };
+  if (timeout == std::chrono::milliseconds::max()) {
+    state_->cv.wait(lock, pred);
+  } else if (!state_->cv.wait_for(lock, timeout, pred)) {
+    return DeadlineExceeded(fmt::format("transfer of {} bytes still in flight after {} ms",
+                                        state_->bytes, timeout.count()));
+  }
+  return state_->status;
+}
+
+uint64_t TransferHandle::bytes() const { return state_ ? state_->bytes : 0; }
+
+}  // namespace cleave::transfer

@@ -1,0 +1,61 @@
+// Target process for the transfer integration tests. It registers a zeroed region, prints
+//   ADDR <hex engine address>
+//   DESC <hex remote descriptor>
+// and then, for every notice, hashes part (tag >> 32) of the region (the region is cut into
+// `parts` equal parts) and prints "NOTICE <tag> <hash>". It exits when its stdin closes.
+// Usage: transfer_test_peer PROVIDER RAILS REGION_BYTES PARTS
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include "cleave/transfer/transfer_engine.h"
+#include "peer_process.h"
+
+using namespace cleave::transfer;
+
+int main(int argc, char** argv) {
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s PROVIDER RAILS REGION_BYTES PARTS\n", argv[0]);
+    return 2;
+  }
+  TransferSettings settings;
+  settings.provider = argv[1];
+  settings.node = "127.0.0.1";
+  settings.rails = std::atoll(argv[2]);
+  const uint64_t region_bytes = std::strtoull(argv[3], nullptr, 10);
+  const uint64_t parts = std::strtoull(argv[4], nullptr, 10);
+  auto engine = TransferEngine::create(settings, true);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "peer: %s\n", engine.status().to_string().c_str());
+    return 1;
+  }
+  auto& e = **engine;
+  std::vector<char> region(region_bytes, 0);
+  auto mr = e.register_memory(region.data(), region.size(), MemoryKind::host());
+  if (!mr.ok()) {
+    std::fprintf(stderr, "peer: %s\n", mr.status().to_string().c_str());
+    return 1;
+  }
+  std::cout << "ADDR " << testing::to_hex(e.address()) << "\n"
+            << "DESC " << testing::to_hex(mr->remote.encode()) << std::endl;
+  std::atomic<bool> done{false};
+  std::thread stdin_watch([&] {
+    std::string line;
+    while (std::getline(std::cin, line)) {}
+    done = true;
+  });
+  const uint64_t part_bytes = region_bytes / parts;
+  while (!done) {
+    auto n = e.wait_notice(std::chrono::milliseconds(50));
+    if (!n.ok()) continue;
+    uint64_t part = n->tag >> 32;
+    if (part >= parts) part = 0;
+    uint64_t h = testing::checksum(region.data() + part * part_bytes, part_bytes);
+    std::cout << "NOTICE " << n->tag << " " << h << std::endl;
+  }
+  stdin_watch.join();
+  return 0;
+}
