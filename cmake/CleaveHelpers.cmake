@@ -9,10 +9,10 @@ function(cleave_module name)
   target_link_libraries(cleave_${name} PUBLIC ${M_DEPS} PRIVATE ${M_PRIVATE_DEPS})
 endfunction()
 
-# cleave_tests(DIR LABEL LIBS ...): one gtest executable per *_test.cpp under DIR.
+# cleave_tests(DIR LABEL LIBS ...): one gtest executable per *_test.cpp in DIR (not recursive).
 function(cleave_tests dir label)
   cmake_parse_arguments(T "" "" "LIBS" ${ARGN})
-  file(GLOB_RECURSE tests CONFIGURE_DEPENDS ${dir}/*_test.cpp)
+  file(GLOB tests CONFIGURE_DEPENDS ${dir}/*_test.cpp)
   foreach(src ${tests})
     get_filename_component(stem ${src} NAME_WE)
     get_filename_component(parent ${src} DIRECTORY)

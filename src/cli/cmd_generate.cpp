@@ -16,6 +16,7 @@
 #include "cleave/engine/cpu_kernels.h"
 #include "cleave/engine/generator.h"
 #include "cleave/engine/llama_model.h"
+#include "cleave/model/default_model.h"
 #include "cleave/model/model_file.h"
 #include "cleave/model/tokenizer.h"
 #include "commands.h"
@@ -78,7 +79,17 @@ Status run_generate(const GenerateFlags& flags) {
   }
 
   const auto t_load = std::chrono::steady_clock::now();
-  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> file, load_model(flags.model));
+  // No --model: CLEAVE_MODEL_PATH, else the embedded default (generated once into the cache).
+  std::string model_path = flags.model;
+  if (model_path.empty()) {
+    const char* env_model = std::getenv("CLEAVE_MODEL_PATH");
+    if (env_model != nullptr && *env_model != 0) {
+      model_path = env_model;
+    } else {
+      CLEAVE_ASSIGN_OR_RETURN(model_path, ensure_default_model());
+    }
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> file, load_model(model_path));
   std::shared_ptr<const ModelFile> model_file(std::move(file));
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                           Tokenizer::create(model_file->tokenizer()));
@@ -87,7 +98,7 @@ Status run_generate(const GenerateFlags& flags) {
   if (prompt_text.empty()) {
     if (tokenizer->bos_id() < 0) {
       return InvalidArgument(fmt::format(
-          "the prompt is empty and the model '{}' has no BOS token to start from", flags.model));
+          "the prompt is empty and the model '{}' has no BOS token to start from", model_path));
     }
     prompt.push_back(tokenizer->bos_id());
   } else {
@@ -112,7 +123,7 @@ Status run_generate(const GenerateFlags& flags) {
   const double load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
   log::info("loaded '{}' ({} layers, dim {}, vocab {}) in {:.3f} s; kernels {}, {} threads",
-            flags.model, cfg.n_layers, cfg.dim, cfg.vocab_size, load_seconds, cpu::kernel_isa(),
+            model_path, cfg.n_layers, cfg.dim, cfg.vocab_size, load_seconds, cpu::kernel_isa(),
             model->pool().size());
 
   SamplingParams params;
@@ -151,7 +162,9 @@ Status run_generate(const GenerateFlags& flags) {
 void add_generate_command(CLI::App& app, int* exit_code) {
   auto flags = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt with a model file");
-  cmd->add_option("--model", flags->model, "GGUF file or Hugging Face model directory")->required();
+  cmd->add_option("--model", flags->model,
+                  "GGUF file or Hugging Face model directory (default: $CLEAVE_MODEL_PATH, else the "
+                  "embedded default model)");
   auto* prompt = cmd->add_option("--prompt", flags->prompt, "prompt text (empty: BOS alone)");
   auto* prompt_file = cmd->add_option("--prompt-file", flags->prompt_file, "read the prompt from a file");
   prompt->excludes(prompt_file);

@@ -1,5 +1,8 @@
 // Run-time choice of the kernel set, and the single-row entry points of cpu_kernels.h.
 #include <atomic>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -12,8 +15,12 @@ namespace detail {
 
 bool cpu_has_avx2_kernels() {
 #if defined(__x86_64__) || defined(__i386__)
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+  // F16C through cpuid (leaf 1, ECX bit 29): clang's __builtin_cpu_supports does not know it.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  }();
   return has;
 #else
   return false;

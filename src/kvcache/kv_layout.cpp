@@ -1,0 +1,61 @@
+#include "cleave/kvcache/kv_layout.h"
+
+#include <vector>
+
+#include "fmt/format.h"
+
+namespace cleave {
+
+KvLayout KvLayout::for_model(const ModelConfig& cfg, int64_t block_size, int64_t num_blocks) {
+  KvLayout l;
+  l.block_size = block_size;
+  l.n_layers = cfg.n_layers;
+  l.n_kv_heads = cfg.n_kv_heads;
+  l.head_dim = cfg.head_dim;
+  l.num_blocks = num_blocks;
+  return l;
+}
+
+int64_t KvLayout::blocks_for_budget(const ModelConfig& cfg, int64_t block_size,
+                                    uint64_t budget_bytes) {
+  KvLayout l = for_model(cfg, block_size, 1);
+  const uint64_t per_block = l.block_bytes() * static_cast<uint64_t>(l.n_layers);
+  return per_block == 0 ? 0 : static_cast<int64_t>(budget_bytes / per_block);
+}
+
+uint64_t KvLayout::block_bytes() const {
+  return 2ull * static_cast<uint64_t>(block_size) * static_cast<uint64_t>(kv_dim()) *
+         static_cast<uint64_t>(dtype_info(dtype).block_bytes);
+}
+
+std::string KvLayout::validate() const {
+  if (version != kVersion) return fmt::format("KV layout version {} (this build speaks {})", version, kVersion);
+  if (dtype != DType::kF32) return fmt::format("KV dtype {} is not supported (f32 is)", dtype_name(dtype));
+  if (block_size < 1 || block_size > 4096) return fmt::format("block size {} is out of range [1, 4096]", block_size);
+  if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1)
+    return fmt::format("bad KV geometry: {} layers, {} KV heads, head dim {}", n_layers, n_kv_heads, head_dim);
+  if (num_blocks < 1) return fmt::format("the KV pool needs at least one block (got {})", num_blocks);
+  if (num_blocks > (int64_t{1} << 30)) return fmt::format("{} blocks is absurd", num_blocks);
+  return {};
+}
+
+std::string KvLayout::incompatibility(const KvLayout& o) const {
+  std::vector<std::string> diffs;
+  if (version != o.version) diffs.push_back(fmt::format("layout version {} vs {}", version, o.version));
+  if (dtype != o.dtype) diffs.push_back(fmt::format("dtype {} vs {}", dtype_name(dtype), dtype_name(o.dtype)));
+  if (block_size != o.block_size) diffs.push_back(fmt::format("block size {} vs {}", block_size, o.block_size));
+  if (n_layers != o.n_layers) diffs.push_back(fmt::format("layers {} vs {}", n_layers, o.n_layers));
+  if (n_kv_heads != o.n_kv_heads) diffs.push_back(fmt::format("KV heads {} vs {}", n_kv_heads, o.n_kv_heads));
+  if (head_dim != o.head_dim) diffs.push_back(fmt::format("head dim {} vs {}", head_dim, o.head_dim));
+  std::string out;
+  for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
+  return out;
+}
+
+std::string KvLayout::to_string() const {
+  return fmt::format("v{} {} block {} x {} layers x {} KV heads x head dim {}, {} blocks ({} bytes)",
+                     version, dtype_name(dtype), block_size, n_layers, n_kv_heads, head_dim,
+                     num_blocks, total_bytes());
+}
+
+}  // namespace cleave
