@@ -9,6 +9,7 @@
 
 #include "cleave/model/gguf.h"
 #include "fmt/format.h"
+#include "mapped_file.h"
 
 namespace cleave {
 namespace {
@@ -241,25 +242,10 @@ Result<GgufFile> GgufFile::parse(std::span<const std::byte> bytes) {
 }
 
 Result<GgufFile> GgufFile::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return NotFound(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return InvalidArgument(fmt::format("'{}' is not a regular file", path));
-  }
-  const size_t len = static_cast<size_t>(st.st_size);
-  if (len == 0) {
-    ::close(fd);
-    return DataLoss(fmt::format("'{}' is empty", path));
-  }
-  void* p = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return Internal(fmt::format("mmap '{}': {}", path, std::strerror(errno)));
-  std::shared_ptr<void> mapping(p, [len](void* q) { ::munmap(q, len); });
-  auto r = parse({static_cast<const std::byte*>(p), len});
+  CLEAVE_ASSIGN_OR_RETURN(MappedFile file, map_file_readonly(path));
+  auto r = parse(file.bytes);
   if (!r.ok()) return r.status().with_context(path);
-  r->mapping_ = std::move(mapping);
+  r->mapping_ = std::move(file.mapping);
   return r;
 }
 
