@@ -34,8 +34,21 @@ std::string KvLayout::validate() const {
   if (block_size < 1 || block_size > 4096) return fmt::format("block size {} is out of range [1, 4096]", block_size);
   if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1)
     return fmt::format("bad KV geometry: {} layers, {} KV heads, head dim {}", n_layers, n_kv_heads, head_dim);
+  constexpr int64_t kMaxDim = int64_t{1} << 20;
+  if (n_layers > kMaxDim || n_kv_heads > kMaxDim || head_dim > kMaxDim)
+    return fmt::format("bad KV geometry: {} layers, {} KV heads, head dim {} (each at most {})", n_layers,
+                       n_kv_heads, head_dim, kMaxDim);
   if (num_blocks < 1) return fmt::format("the KV pool needs at least one block (got {})", num_blocks);
-  if (num_blocks > (int64_t{1} << 30)) return fmt::format("{} blocks is absurd", num_blocks);
+  if (num_blocks > (int64_t{1} << 30)) return fmt::format("{} blocks is absurd (at most 2^30)", num_blocks);
+  // Every factor is bounded above, so this product cannot overflow 128 bits.
+  const unsigned __int128 bytes = static_cast<unsigned __int128>(2) * static_cast<uint64_t>(block_size) *
+                                  static_cast<uint64_t>(n_kv_heads) * static_cast<uint64_t>(head_dim) *
+                                  static_cast<uint64_t>(dtype_info(dtype).block_bytes) *
+                                  static_cast<uint64_t>(n_layers) * static_cast<uint64_t>(num_blocks);
+  if (bytes > (static_cast<unsigned __int128>(1) << 56))
+    return fmt::format("a KV pool of {} blocks x {} layers x {} tokens x {} KV heads x head dim {} is "
+                       "over 2^56 bytes",
+                       num_blocks, n_layers, block_size, n_kv_heads, head_dim);
   return {};
 }
 

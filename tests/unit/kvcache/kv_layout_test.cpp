@@ -1,0 +1,66 @@
+#include "cleave/kvcache/kv_layout.h"
+
+#include <gtest/gtest.h>
+
+namespace cleave {
+namespace {
+
+ModelConfig stories_like() {
+  ModelConfig cfg;
+  cfg.n_layers = 5;
+  cfg.n_kv_heads = 4;
+  cfg.head_dim = 8;
+  return cfg;
+}
+
+TEST(KvLayoutTest, GeometryAndOffsets) {
+  const KvLayout l = KvLayout::for_model(stories_like(), 16, 10);
+  EXPECT_EQ(l.validate(), "");
+  EXPECT_EQ(l.kv_dim(), 32);
+  EXPECT_EQ(l.block_bytes(), 2u * 16 * 32 * 4);
+  EXPECT_EQ(l.total_bytes(), 5u * 10 * l.block_bytes());
+  EXPECT_EQ(l.offset(0, 0), 0u);
+  EXPECT_EQ(l.offset(0, 1), l.block_bytes());
+  EXPECT_EQ(l.offset(2, 3), (2u * 10 + 3) * l.block_bytes());
+  EXPECT_EQ(l.offset(4, 9) + l.block_bytes(), l.total_bytes());
+}
+
+TEST(KvLayoutTest, BlocksForBudget) {
+  const uint64_t per_block = 5u * 2 * 16 * 32 * 4;  // all layers
+  EXPECT_EQ(KvLayout::blocks_for_budget(stories_like(), 16, per_block * 7 + per_block - 1), 7);
+  EXPECT_EQ(KvLayout::blocks_for_budget(stories_like(), 16, per_block - 1), 0);
+  EXPECT_EQ(KvLayout::blocks_for_budget(ModelConfig{}, 16, 1u << 30), 0);
+}
+
+TEST(KvLayoutTest, ValidateNamesTheProblem) {
+  KvLayout l = KvLayout::for_model(stories_like(), 16, 10);
+  l.block_size = 0;
+  EXPECT_NE(l.validate().find("block size 0"), std::string::npos);
+  l = KvLayout::for_model(stories_like(), 16, 0);
+  EXPECT_NE(l.validate().find("at least one block"), std::string::npos);
+  l = KvLayout::for_model(stories_like(), 16, 10);
+  l.dtype = DType::kF16;
+  EXPECT_NE(l.validate().find("f16"), std::string::npos);
+  l = KvLayout::for_model(stories_like(), 16, 10);
+  l.version = 2;
+  EXPECT_NE(l.validate().find("version 2"), std::string::npos);
+  // Sizes whose byte count would overflow are rejected, not wrapped.
+  l = KvLayout::for_model(stories_like(), 4096, int64_t{1} << 30);
+  l.head_dim = int64_t{1} << 20;
+  l.n_kv_heads = int64_t{1} << 20;
+  EXPECT_NE(l.validate().find("over 2^56 bytes"), std::string::npos) << l.validate();
+  l.head_dim = int64_t{1} << 40;
+  EXPECT_NE(l.validate().find("bad KV geometry"), std::string::npos) << l.validate();
+}
+
+TEST(KvLayoutTest, IncompatibilityListsEveryDifference) {
+  const KvLayout a = KvLayout::for_model(stories_like(), 16, 10);
+  KvLayout b = KvLayout::for_model(stories_like(), 16, 99);
+  EXPECT_EQ(a.incompatibility(b), "");  // num_blocks may differ
+  b.block_size = 32;
+  b.head_dim = 16;
+  EXPECT_EQ(a.incompatibility(b), "block size 16 vs 32; head dim 8 vs 16");
+}
+
+}  // namespace
+}  // namespace cleave
