@@ -1,5 +1,5 @@
 // One rail: an RDM endpoint, its completion queue and address vector, the buffers for notices,
-// and the progress thread that owns them all.
+// and the progress thread. Progress is made by whoever holds the rail's progress lock.
 #include <pthread.h>
 
 #include <cstring>
@@ -32,30 +32,54 @@ bool is_connection_error(int err) {
 
 }  // namespace
 
-FabricRail::FabricRail(int index, fid_domain* domain, fi_info* info,
+FabricRail::FabricRail(int index, fid_fabric* fabric, fid_domain* domain, fi_info* info,
                        const TransferSettings& settings, MetricsCounters* metrics,
                        bool delivery_complete, std::function<void(const Notice&)> on_notice)
-    : index_(index), domain_(domain), info_(info), settings_(settings), metrics_(metrics),
-      delivery_complete_(delivery_complete), on_notice_(std::move(on_notice)) {}
+    : index_(index), fabric_(fabric), domain_(domain), info_(info), settings_(settings),
+      metrics_(metrics), delivery_complete_(delivery_complete), on_notice_(std::move(on_notice)) {}
 
 FabricRail::~FabricRail() {
-  stop();
-  if (ep_) fi_close(&ep_->fid);
-  for (OpContext* op : inflight_) delete op;
-  for (OpContext* op : abandoned_) delete op;
+  (void)stop();
+  close_endpoint();
   for (OpContext* op : recv_ops_) delete op;
   if (recv_mr_) fi_close(&recv_mr_->fid);
   if (send_mr_) fi_close(&send_mr_->fid);
-  if (av_) fi_close(&av_->fid);
-  if (cq_) fi_close(&cq_->fid);
 }
 
 Status FabricRail::open(uint64_t engine_id, uint64_t (*next_key)(void*), void* key_ctx) {
   engine_id_ = engine_id;
+  depth_ = info_->tx_attr->size ? info_->tx_attr->size : 128;
+  if (settings_.max_inflight_per_rail > 0) {
+    depth_ = std::min<size_t>(depth_, static_cast<size_t>(settings_.max_inflight_per_rail));
+  }
+  // Notices need send credits too; keep a few TX entries for them.
+  if (depth_ > 16) depth_ -= 8;
+
+  recv_buf_.assign(static_cast<size_t>(kRecvSlots) * kNoticeBytes, 0);
+  send_buf_.assign(static_cast<size_t>(kSendSlots) * kNoticeBytes, 0);
+  int rc = fi_mr_reg(domain_, recv_buf_.data(), recv_buf_.size(), FI_RECV, 0, next_key(key_ctx),
+                     0, &recv_mr_, nullptr);
+  if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_mr_reg(notice recv)", index_), rc));
+  rc = fi_mr_reg(domain_, send_buf_.data(), send_buf_.size(), FI_SEND, 0, next_key(key_ctx), 0,
+                 &send_mr_, nullptr);
+  if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_mr_reg(notice send)", index_), rc));
+  for (int i = 0; i < kRecvSlots; ++i) {
+    auto* op = new OpContext{};
+    op->kind = OpContext::Kind::kRecv;
+    op->slot = i;
+    recv_ops_.push_back(op);
+  }
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  return open_endpoint();
+}
+
+// CQ, AV and endpoint; receives posted. Called with progress_mu_ held (or before start()).
+Status FabricRail::open_endpoint() {
   fi_cq_attr cq_attr{};
   cq_attr.format = FI_CQ_FORMAT_DATA;
   cq_attr.wait_obj = FI_WAIT_UNSPEC;
   cq_attr.size = 0;
+  cq_waitable_ = false;
   int rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr);
   if (rc == 0) {
     // Only a wait object backed by a file descriptor sleeps until the provider has work (shm's
@@ -65,7 +89,6 @@ Status FabricRail::open(uint64_t engine_id, uint64_t (*next_key)(void*), void* k
     if (!cq_waitable_) {
       fi_close(&cq_->fid);
       cq_ = nullptr;
-      rc = -FI_ENOSYS;
     }
   }
   if (!cq_waitable_) {
@@ -92,30 +115,69 @@ Status FabricRail::open(uint64_t engine_id, uint64_t (*next_key)(void*), void* k
   if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_getname", index_), rc));
   name_.assign(name, len);
 
-  depth_ = info_->tx_attr->size ? info_->tx_attr->size : 128;
-  if (settings_.max_inflight_per_rail > 0) {
-    depth_ = std::min<size_t>(depth_, static_cast<size_t>(settings_.max_inflight_per_rail));
-  }
-  // Notices need send credits too; keep a few TX entries for them.
-  if (depth_ > 16) depth_ -= 8;
-
-  recv_buf_.assign(static_cast<size_t>(kRecvSlots) * kNoticeBytes, 0);
-  send_buf_.assign(static_cast<size_t>(kSendSlots) * kNoticeBytes, 0);
-  rc = fi_mr_reg(domain_, recv_buf_.data(), recv_buf_.size(), FI_RECV, 0, next_key(key_ctx), 0,
-                 &recv_mr_, nullptr);
-  if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_mr_reg(notice recv)", index_), rc));
-  rc = fi_mr_reg(domain_, send_buf_.data(), send_buf_.size(), FI_SEND, 0, next_key(key_ctx), 0,
-                 &send_mr_, nullptr);
-  if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_mr_reg(notice send)", index_), rc));
+  free_send_slots_.clear();
   for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
-  for (int i = 0; i < kRecvSlots; ++i) {
-    auto* op = new OpContext{};
-    op->kind = OpContext::Kind::kRecv;
-    op->slot = i;
-    recv_ops_.push_back(op);
-  }
   for (int i = 0; i < kRecvSlots; ++i) CLEAVE_RETURN_IF_ERROR(post_recv(i));
   return Status::Ok();
+}
+
+void FabricRail::close_endpoint() {
+  if (ep_) fi_close(&ep_->fid);
+  if (av_) fi_close(&av_->fid);
+  if (cq_) fi_close(&cq_->fid);
+  ep_ = nullptr;
+  av_ = nullptr;
+  cq_ = nullptr;
+}
+
+// A peer stopped completing operations; some providers (shm in libfabric 1.17) then never
+// complete them and may stall the endpoint for every peer. Replace the endpoint: the abandoned
+// operations die with it (their TX credits come back), live writes are posted again on the new
+// endpoint (RMA writes are idempotent), notices in flight fail (they may or may not have
+// arrived), and live peers are inserted into the new AV.
+void FabricRail::reopen() {
+  reopens_.fetch_add(1, std::memory_order_relaxed);
+  log::warn("transfer rail {} ({}): reopening the endpoint ({} operation(s) to unresponsive "
+            "peers abandoned, {} live operation(s) re-posted)",
+            index_, provider_name(), abandoned_.size(), inflight_.size());
+  close_endpoint();
+  for (OpContext* op : abandoned_) free_op(op);
+  abandoned_.clear();
+  std::vector<RailWork> again;
+  for (OpContext* op : inflight_) {
+    if (op->kind == OpContext::Kind::kWrite) {
+      again.push_back(std::move(op->work));
+    } else {
+      auto t = op->work.transfer;
+      t->finish(Unavailable(fmt::format("notice to peer {:016x} was in flight when rail {} was "
+                                        "reopened after another peer stopped answering; it may "
+                                        "or may not have arrived", t->peer->engine_id, index_)),
+                TransferErrorKind::kCompletionError);
+    }
+    free_op(op);
+  }
+  inflight_.clear();
+  writes_inflight_ = 0;
+  peer_inflight_.clear();
+  eagain_since_.clear();
+  last_completion_.clear();
+  Status s = open_endpoint();
+  if (!s.ok()) {
+    log::error("transfer rail {}: reopen failed, the rail is out of service: {}", index_,
+               s.message());
+    close_endpoint();
+  }
+  std::erase_if(peers_, [](const std::weak_ptr<PeerRecord>& w) { return w.expired(); });
+  for (auto& w : peers_) {
+    auto peer = w.lock();
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    if (av_ && !peer->unreachable.load()) {
+      const std::string& n = peer->rail_names[static_cast<size_t>(index_)];
+      if (fi_av_insert(av_, n.data(), 1, &addr, 0, nullptr) != 1) addr = FI_ADDR_NOTAVAIL;
+    }
+    peer->rail_addr[static_cast<size_t>(index_)] = addr;
+  }
+  for (auto it = again.rbegin(); it != again.rend(); ++it) ready_.push_front(std::move(*it));
 }
 
 Status FabricRail::post_recv(int slot) {
@@ -132,14 +194,33 @@ Status FabricRail::post_recv(int slot) {
   }
 }
 
-Result<fi_addr_t> FabricRail::insert_peer(const std::string& name) {
-  fi_addr_t addr = FI_ADDR_NOTAVAIL;
-  int n = fi_av_insert(av_, name.data(), 1, &addr, 0, nullptr);
-  if (n != 1) {
-    return Unavailable(fmt::format("rail {}: fi_av_insert of a peer address ({} bytes) failed ({})",
-                                   index_, name.size(), n < 0 ? fi_strerror(-n) : "0 inserted"));
+std::string FabricRail::name() const {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  return name_;
+}
+
+Status FabricRail::insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name) {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  const size_t i = static_cast<size_t>(index_);
+  if (peer->rail_names[i] != name) {
+    peer->rail_names[i] = name;  // the AV keeps the stale entry; it is never used again
+    peer->rail_addr[i] = FI_ADDR_NOTAVAIL;
   }
-  return addr;
+  if (peer->rail_addr[i] != FI_ADDR_NOTAVAIL) return Status::Ok();
+  if (!av_) return Unavailable(fmt::format("rail {} is out of service (its reopen failed)", index_));
+  const std::string& n = peer->rail_names[i];
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  int got = fi_av_insert(av_, n.data(), 1, &addr, 0, nullptr);
+  if (got != 1) {
+    return Unavailable(fmt::format("rail {}: fi_av_insert of the address of peer {:016x} ({} "
+                                   "bytes) failed ({})", index_, peer->engine_id, n.size(),
+                                   got < 0 ? fi_strerror(-got) : "0 inserted"));
+  }
+  peer->rail_addr[i] = addr;
+  bool known = false;
+  for (auto& w : peers_) known |= w.lock() == peer;
+  if (!known) peers_.push_back(peer);
+  return Status::Ok();
 }
 
 void FabricRail::start() {
@@ -150,32 +231,90 @@ void FabricRail::start() {
   });
 }
 
-void FabricRail::stop() {
-  if (!thread_.joinable()) return;
+bool FabricRail::stop() {
+  if (!thread_.joinable()) return true;
   stop_.store(true);
-  wake();
+  {
+    std::lock_guard<std::mutex> lock(sleep_mu_);
+    wake_pending_ = true;
+  }
+  sleep_cv_.notify_one();
+  std::unique_lock<std::mutex> lock(progress_mu_, std::defer_lock);
+  if (lock.try_lock()) {
+    if (cq_waitable_ && cq_) fi_cq_signal(cq_);
+    lock.unlock();
+  }
+  for (int i = 0; i < 200 && !exited_.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!exited_.load()) {
+    log::error("transfer rail {} ({}): the progress thread is stuck inside the provider (a "
+               "peer died holding a shared lock?); leaving it and its endpoint behind",
+               index_, provider_name());
+    thread_.detach();
+    return false;
+  }
   thread_.join();
+  return true;
 }
 
 void FabricRail::wake() {
-  { std::lock_guard<std::mutex> lock(mu_); }
-  cv_.notify_one();
+  {
+    std::lock_guard<std::mutex> lock(sleep_mu_);
+    wake_pending_ = true;
+  }
+  sleep_cv_.notify_one();
+  std::lock_guard<std::mutex> lock(progress_mu_);
   if (cq_waitable_ && cq_) fi_cq_signal(cq_);
 }
 
-void FabricRail::enqueue(std::vector<RailWork> work) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+void FabricRail::enqueue(std::vector<RailWork>&& work) {
+  std::unique_lock<std::mutex> lock(progress_mu_, std::try_to_lock);
+  if (lock.owns_lock()) {
+    for (auto& w : work) ready_.push_back(std::move(w));
+    post_ready();
+    lock.unlock();
+  } else {
+    std::lock_guard<std::mutex> ilock(incoming_mu_);
     for (auto& w : work) incoming_.push_back(std::move(w));
   }
-  cv_.notify_one();
-  if (cq_waitable_) fi_cq_signal(cq_);
+  work_epoch_.fetch_add(1);
+  if (sleeping_.load()) wake();
+}
+
+int FabricRail::try_progress() {
+  std::unique_lock<std::mutex> lock(progress_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return 0;
+  return progress_once();
+}
+
+bool FabricRail::has_work() const {
+  return !inflight_.empty() || !ready_.empty() || !deferred_notices_.empty() ||
+         !pending_notices_.empty() || !abandoned_.empty();
+}
+
+OpContext* FabricRail::new_op() {
+  if (free_ops_.empty()) {
+    op_store_.push_back(std::make_unique<OpContext>());
+    return op_store_.back().get();
+  }
+  OpContext* op = free_ops_.back();
+  free_ops_.pop_back();
+  return op;
+}
+
+void FabricRail::free_op(OpContext* op) {
+  op->work.transfer.reset();
+  op->abandoned = false;
+  op->slot = -1;
+  free_ops_.push_back(op);
 }
 
 int FabricRail::post(RailWork& w, fi_addr_t dest) {
-  auto* op = new OpContext{};
+  if (!ep_) return -FI_ENODEV;
+  if (dest == FI_ADDR_NOTAVAIL) return -FI_EADDRNOTAVAIL;
+  OpContext* op = new_op();
   op->kind = OpContext::Kind::kWrite;
-  op->work = w;
   iovec iov{w.local, w.len};
   void* desc = w.local_desc;
   fi_rma_iov rma{w.remote_addr, w.len, w.key};
@@ -190,57 +329,64 @@ int FabricRail::post(RailWork& w, fi_addr_t dest) {
   uint64_t flags = FI_COMPLETION | (delivery_complete_ ? FI_DELIVERY_COMPLETE : 0);
   ssize_t rc = fi_writemsg(ep_, &msg, flags);
   if (rc != 0) {
-    delete op;
+    free_op(op);
     return static_cast<int>(rc);
   }
+  op->work = std::move(w);
   op->posted = Clock::now();
   inflight_.insert(op);
   ++writes_inflight_;
-  ++peer_inflight_[w.transfer->peer.get()];
+  ++peer_inflight_[op->work.transfer->peer.get()];
   return 0;
 }
 
 void FabricRail::post_ready() {
-  // Each peer may hold at most a quarter of the TX depth, so that a peer that stops answering
-  // (whose operations some providers never complete) cannot starve the others. Items of a
-  // capped peer are skipped, keeping each peer's own order.
-  const size_t peer_cap = std::max<size_t>(1, depth_ / 4);
-  std::unordered_set<PeerRecord*> capped;
+  // Each peer may hold at most three quarters of the TX depth, so that a peer that stops
+  // answering cannot take every credit before it is declared dead. Items of a capped (or
+  // -FI_EAGAIN) peer are skipped, keeping each peer's own order.
+  const size_t peer_cap = std::max<size_t>(1, depth_ * 3 / 4);
+  PeerRecord* blocked_one = nullptr;  // the common case: one peer, no set needed
+  std::unordered_set<PeerRecord*> blocked;
+  size_t skipped = 0;
   for (auto it = ready_.begin(); it != ready_.end() && writes_inflight_ < depth_;) {
     RailWork& w = *it;
-    const auto t = w.transfer;
+    TransferState* t = w.transfer.get();
     if (t->is_done()) {  // failed earlier: drop the rest of its slices
-      if (it == ready_.begin()) eagain_since_.reset();
       it = ready_.erase(it);
       continue;
     }
     PeerRecord* peer = t->peer.get();
-    if (peer->unreachable.load()) {
+    if (peer->unreachable.load(std::memory_order_relaxed)) {
       t->finish(Unavailable(fmt::format("peer {:016x} is unreachable (an earlier transfer to it "
                                         "failed); reconnect before sending again",
                                         peer->engine_id)),
                 TransferErrorKind::kPeerUnavailable);
-      if (it == ready_.begin()) eagain_since_.reset();
+      eagain_since_.erase(peer);
       it = ready_.erase(it);
       continue;
     }
     if (w.kind == RailWork::Kind::kNotice) {
-      deferred_notices_.push_back(t);
+      deferred_notices_.push_back(std::move(w.transfer));
       it = ready_.erase(it);
       continue;
     }
-    if (capped.count(peer) || peer_inflight_[peer] >= peer_cap) {
-      capped.insert(peer);
+    if (peer == blocked_one || (!blocked.empty() && blocked.count(peer))) {
       ++it;
-      if (capped.size() > 16) break;
+      if (++skipped > 256) break;
       continue;
     }
-    int rc = post(w, peer->rail_addr[static_cast<size_t>(index_)]);
-    if (rc == -FI_EAGAIN) {  // the caller reads completions, which drives progress
-      if (!eagain_since_) eagain_since_ = Clock::now();
-      break;
+    int rc = peer_inflight_[peer] >= peer_cap
+                 ? -FI_EAGAIN
+                 : post(w, peer->rail_addr[static_cast<size_t>(index_)]);
+    if (rc == -FI_EAGAIN) {  // progress (completions) frees credits; others may go on
+      if (peer_inflight_[peer] < peer_cap) eagain_since_.try_emplace(peer, Clock::now());
+      if (!blocked_one) blocked_one = peer;
+      else blocked.insert(peer);
+      if (blocked.size() > 16) break;
+      ++it;
+      continue;
     }
-    eagain_since_.reset();
+    if (!eagain_since_.empty()) eagain_since_.erase(peer);
     if (rc != 0) {
       t->finish(Internal(fabric_error(fmt::format("rail {}: fi_writemsg of {} bytes", index_, w.len),
                                       rc)),
@@ -251,7 +397,12 @@ void FabricRail::post_ready() {
 }
 
 void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
-  if (free_send_slots_.empty()) {
+  if (free_send_slots_.empty() || !ep_) {
+    if (!ep_) {
+      t->finish(Unavailable(fmt::format("rail {} is out of service", index_)),
+                TransferErrorKind::kPostError);
+      return;
+    }
     pending_notices_.push_back(t);
     return;
   }
@@ -259,24 +410,24 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
   char* buf = send_buf_.data() + static_cast<size_t>(slot) * kNoticeBytes;
   NoticeWire wire{kNoticeMagic, engine_id_, *t->notify_tag};
   std::memcpy(buf, &wire, sizeof(wire));
-  auto* op = new OpContext{};
+  OpContext* op = new_op();
   op->kind = OpContext::Kind::kNotice;
-  op->work.transfer = t;
   op->slot = slot;
   ssize_t rc = fi_send(ep_, buf, sizeof(wire), fi_mr_desc(send_mr_),
                        t->peer->rail_addr[static_cast<size_t>(index_)], &op->ctx);
   if (rc == -FI_EAGAIN) {
-    delete op;
+    free_op(op);
     pending_notices_.push_back(t);
     return;
   }
   if (rc != 0) {
-    delete op;
+    free_op(op);
     t->finish(Internal(fabric_error(fmt::format("rail {}: fi_send of a notice", index_),
                                     static_cast<int>(rc))),
               TransferErrorKind::kPostError);
     return;
   }
+  op->work.transfer = t;
   free_send_slots_.pop_back();
   op->posted = Clock::now();
   inflight_.insert(op);
@@ -294,9 +445,9 @@ void FabricRail::post_deferred_notices() {
     bool blocked = false;
     Status failed;
     for (const auto& p : t->predecessors) {
-      auto st = TransferHandle(p).poll();
-      if (!st) { blocked = true; break; }
-      if (!st->ok()) { failed = *st; break; }
+      if (!p->is_done()) { blocked = true; break; }
+      std::lock_guard<std::mutex> lock(p->mu);
+      if (!p->status.ok()) { failed = p->status; break; }
     }
     if (blocked) { ++it; continue; }
     if (!failed.ok()) {
@@ -338,33 +489,37 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
         log::warn("transfer rail {}: dropped a message that is not a notice", index_);
       }
     }
-    int slot = op->slot;
     if (!stop_.load() && err != FI_ECANCELED) {
-      Status s = post_recv(slot);
+      Status s = post_recv(op->slot);
       if (!s.ok()) log::error("transfer rail {}: {}", index_, s.message());
     }
     return;
   }
-  if (op->kind == OpContext::Kind::kWrite) {
-    --writes_inflight_;
-    --peer_inflight_[op->work.transfer->peer.get()];
-  }
   if (op->abandoned) {  // its transfer already failed on a timeout
+    if (op->kind == OpContext::Kind::kWrite) {
+      --writes_inflight_;
+      --peer_inflight_[op->work.transfer->peer.get()];
+    }
     auto it = std::find(abandoned_.begin(), abandoned_.end(), op);
     if (it != abandoned_.end()) abandoned_.erase(it);
     if (op->kind == OpContext::Kind::kNotice) free_send_slots_.push_back(op->slot);
-    delete op;
+    free_op(op);
     return;
   }
-  inflight_.erase(op);
+  if (inflight_.erase(op) == 0) return;  // not ours (already released by a reopen)
   auto t = op->work.transfer;
-  last_completion_[t->peer.get()] = Clock::now();
+  PeerRecord* peer = t->peer.get();
+  if (op->kind == OpContext::Kind::kWrite) {
+    --writes_inflight_;
+    --peer_inflight_[peer];
+  }
+  last_completion_[peer] = Clock::now();
   if (op->kind == OpContext::Kind::kNotice) free_send_slots_.push_back(op->slot);
   if (error) {
-    if (is_connection_error(err)) t->peer->unreachable.store(true);
+    if (is_connection_error(err)) peer->unreachable.store(true);
     t->finish(Unavailable(fmt::format("{} to peer {:016x} failed on rail {} ({}): {}",
                                       op->kind == OpContext::Kind::kWrite ? "RMA write" : "notice",
-                                      t->peer->engine_id, index_, provider_name(), error_text)),
+                                      peer->engine_id, index_, provider_name(), error_text)),
               TransferErrorKind::kCompletionError);
   } else if (op->kind == OpContext::Kind::kWrite) {
     finish_write(op);
@@ -372,34 +527,41 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
     metrics_->add_notice_sent();
     t->finish(Status::Ok());
   }
-  delete op;
+  free_op(op);
 }
 
 int FabricRail::read_completions() {
-  fi_cq_data_entry entries[64];
-  ssize_t n = fi_cq_read(cq_, entries, 64);
-  if (n > 0) {
-    for (ssize_t i = 0; i < n; ++i) {
-      handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
+  if (!cq_) return 0;
+  int total = 0;
+  for (;;) {
+    fi_cq_data_entry entries[64];
+    ssize_t n = fi_cq_read(cq_, entries, 64);
+    if (n > 0) {
+      for (ssize_t i = 0; i < n; ++i) {
+        handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
+      }
+      total += static_cast<int>(n);
+      if (n < 64) return total;
+      continue;
     }
-    return static_cast<int>(n);
-  }
-  if (n == -FI_EAVAIL) {
-    fi_cq_err_entry err{};
-    ssize_t rc = fi_cq_readerr(cq_, &err, 0);
-    if (rc < 0) return 0;
-    if (err.err == FI_ECANCELED && stop_.load()) return 1;
-    char buf[256];
-    const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
-    std::string text = fmt::format("{} (provider: {})", fi_strerror(err.err), prov ? prov : "-");
-    if (err.op_context) {
-      handle_completion(reinterpret_cast<OpContext*>(err.op_context), true, text, err.err);
-    } else {
-      log::warn("transfer rail {}: error completion without context: {}", index_, text);
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      ssize_t rc = fi_cq_readerr(cq_, &err, 0);
+      if (rc < 0) return total;
+      ++total;
+      if (err.err == FI_ECANCELED && stop_.load()) continue;
+      char buf[256];
+      const char* prov = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
+      std::string text = fmt::format("{} (provider: {})", fi_strerror(err.err), prov ? prov : "-");
+      if (err.op_context) {
+        handle_completion(reinterpret_cast<OpContext*>(err.op_context), true, text, err.err);
+      } else {
+        log::warn("transfer rail {}: error completion without context: {}", index_, text);
+      }
+      continue;
     }
-    return 1;
+    return total;
   }
-  return 0;
 }
 
 void FabricRail::check_timeouts() {
@@ -409,7 +571,6 @@ void FabricRail::check_timeouts() {
   const auto bound = std::chrono::milliseconds(settings_.completion_timeout_ms);
   std::vector<OpContext*> stuck;
   for (OpContext* op : inflight_) {
-    if (op->kind == OpContext::Kind::kRecv) continue;
     auto since = op->posted;
     auto it = last_completion_.find(op->work.transfer->peer.get());
     if (it != last_completion_.end() && it->second > since) since = it->second;
@@ -419,6 +580,7 @@ void FabricRail::check_timeouts() {
     inflight_.erase(op);
     op->abandoned = true;
     abandoned_.push_back(op);
+    reopen_wanted_ = true;
     auto& t = op->work.transfer;
     t->peer->unreachable.store(true);
     t->finish(DeadlineExceeded(fmt::format(
@@ -428,63 +590,106 @@ void FabricRail::check_timeouts() {
                   settings_.completion_timeout_ms, index_, provider_name())),
               TransferErrorKind::kTimeout);
   }
-  // A write the provider keeps refusing with -FI_EAGAIN fails the same way.
-  if (eagain_since_ && !ready_.empty() && now - *eagain_since_ > bound) {
-    auto t = ready_.front().transfer;
-    t->peer->unreachable.store(true);
-    t->finish(DeadlineExceeded(fmt::format(
-                  "rail {} ({}) could not post a write to peer {:016x} for {} ms (-FI_EAGAIN); "
-                  "the peer is marked unreachable",
-                  index_, provider_name(), t->peer->engine_id, settings_.completion_timeout_ms)),
-              TransferErrorKind::kTimeout);
-    eagain_since_.reset();
+  // A peer whose writes the provider keeps refusing with -FI_EAGAIN fails the same way.
+  for (auto it = eagain_since_.begin(); it != eagain_since_.end();) {
+    if (now - it->second <= bound) { ++it; continue; }
+    PeerRecord* peer = it->first;
+    peer->unreachable.store(true);
+    for (auto& w : ready_) {
+      if (w.transfer->peer.get() != peer) continue;
+      w.transfer->finish(DeadlineExceeded(fmt::format(
+                             "rail {} ({}) could not post a write to peer {:016x} for {} ms "
+                             "(-FI_EAGAIN); the peer is marked unreachable",
+                             index_, provider_name(), peer->engine_id,
+                             settings_.completion_timeout_ms)),
+                         TransferErrorKind::kTimeout);
+      break;
+    }
+    it = eagain_since_.erase(it);
   }
   // Slices queued behind a failed or unreachable transfer are dropped by post_ready().
 }
 
-void FabricRail::run() {
-  int idle_spins = 0;
-  while (!stop_.load(std::memory_order_relaxed)) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      while (!incoming_.empty()) {
-        ready_.push_back(std::move(incoming_.front()));
-        incoming_.pop_front();
-      }
-    }
-    post_ready();
-    if (!deferred_notices_.empty() || !pending_notices_.empty()) post_deferred_notices();
-    int n = read_completions();
-    if (!inflight_.empty() || eagain_since_) check_timeouts();
-    if (n > 0) {
-      idle_spins = 0;
-      continue;
-    }
-    bool busy = !inflight_.empty() || !ready_.empty() || !deferred_notices_.empty();
-    if (busy && ++idle_spins < 200) continue;
-    idle_spins = 0;
-    // Wait for completions (the provider progresses inside fi_cq_sread) or new work.
-    int wait_ms = busy ? 1 : 20;
-    if (cq_waitable_) {
-      fi_cq_data_entry entries[16];
-      ssize_t got = fi_cq_sread(cq_, entries, 16, nullptr, wait_ms);
-      for (ssize_t i = 0; i < got; ++i) {
-        handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
-      }
-      if (got == -FI_EAVAIL) continue;
-    } else {
-      // No fd to sleep on: yield while operations are in flight, else nap briefly (a target
-      // must keep progressing for incoming writes on providers with manual progress).
-      if (busy) {
-        std::this_thread::yield();
-      } else {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait_for(lock, std::chrono::microseconds(100),
-                     [&] { return !incoming_.empty() || stop_.load(); });
-      }
+int FabricRail::progress_once() {
+  {
+    std::lock_guard<std::mutex> ilock(incoming_mu_);
+    while (!incoming_.empty()) {
+      ready_.push_back(std::move(incoming_.front()));
+      incoming_.pop_front();
     }
   }
-  // Cancel receives and drain; the endpoint is closed by the destructor.
+  if (!ep_) {  // out of service: fail what is queued
+    for (auto& w : ready_) {
+      w.transfer->finish(Unavailable(fmt::format("rail {} is out of service", index_)),
+                         TransferErrorKind::kPostError);
+    }
+    int n = static_cast<int>(ready_.size());
+    ready_.clear();
+    return n;
+  }
+  if (!ready_.empty()) post_ready();
+  if (!deferred_notices_.empty() || !pending_notices_.empty()) post_deferred_notices();
+  int n = read_completions();
+  if (n > 0 && !ready_.empty()) post_ready();  // completions freed credits
+  if (!inflight_.empty() || !eagain_since_.empty()) check_timeouts();
+  return n;
+}
+
+void FabricRail::run() {
+  int idle_passes = 0;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    int n;
+    bool busy;
+    uint64_t epoch = work_epoch_.load();
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      if (reopen_wanted_) {
+        reopen_wanted_ = false;
+        reopen();
+      }
+      n = progress_once();
+      busy = has_work();
+    }
+    if (n > 0) {
+      idle_passes = 0;
+      continue;
+    }
+    if (busy && ++idle_passes < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    idle_passes = 0;
+    sleeping_.store(true);
+    if (work_epoch_.load() != epoch) {
+      sleeping_.store(false);
+      continue;
+    }
+    if (cq_waitable_) {
+      // The provider progresses inside fi_cq_sread; the CQ outlives this call because only
+      // this thread reopens the rail. Completions are handled under the lock afterwards.
+      fi_cq_data_entry entries[16];
+      ssize_t got = fi_cq_sread(cq_, entries, 16, nullptr, busy ? 1 : 20);
+      sleeping_.store(false);
+      if (got > 0) {
+        std::lock_guard<std::mutex> lock(progress_mu_);
+        for (ssize_t i = 0; i < got; ++i) {
+          handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
+        }
+      }
+    } else {
+      // No fd to sleep on: nap briefly (a target must keep progressing for incoming writes on
+      // providers with manual progress). Submitters and waiters drive progress themselves.
+      std::unique_lock<std::mutex> lock(sleep_mu_);
+      sleep_cv_.wait_for(lock, std::chrono::microseconds(busy ? 20 : 100),
+                         [&] { return wake_pending_ || stop_.load(); });
+      wake_pending_ = false;
+      sleeping_.store(false);
+    }
+  }
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  for (OpContext* op : abandoned_) free_op(op);
+  abandoned_.clear();
+  exited_.store(true);
 }
 
 }  // namespace cleave::transfer

@@ -76,7 +76,7 @@ Result<InfoPtr> get_provider_info(const std::string& provider, const TransferSet
 
 }  // namespace
 
-struct TransferEngine::Impl {
+struct TransferEngine::Impl : ProgressDriver {
   TransferSettings settings;
   InfoPtr info;
   fid_fabric* fabric = nullptr;
@@ -87,7 +87,6 @@ struct TransferEngine::Impl {
   bool virt_addr = false, prov_key = false, mr_local = false, hmem = false, dc = false;
   uint64_t engine_id = random_engine_id();
   std::string provider;
-  std::string address;
   MetricsCounters metrics;
   std::atomic<uint64_t> next_key{1}, next_region{1}, next_peer{1}, round_robin{0};
 
@@ -104,9 +103,22 @@ struct TransferEngine::Impl {
     return static_cast<Impl*>(self)->next_key.fetch_add(1);
   }
 
-  ~Impl() {
-    for (auto& r : rails) r->stop();
+  int drive_progress() override {
+    int n = 0;
+    for (auto& r : rails) n += r->try_progress();
+    return n;
+  }
+
+  ~Impl() override {
+    bool leaked = false;
+    for (auto& r : rails) {
+      if (!r->stop()) {
+        (void)r.release();  // its thread still runs inside the provider: never free it
+        leaked = true;
+      }
+    }
     rails.clear();
+    if (leaked) return;  // the stuck endpoint still uses the domain and fabric
     for (auto& [id, rec] : regions) {
       for (fid_mr* mr : rec.mrs) if (mr) fi_close(&mr->fid);
     }
@@ -197,18 +209,15 @@ Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_
     domains.push_back(dom);
   }
   metrics.init(provider, static_cast<int>(settings.rails));
-  EngineAddress addr{engine_id, provider, {}};
   for (int i = 0; i < settings.rails; ++i) {
     int dom = i % static_cast<int>(domains.size());
     rail_domain.push_back(dom);
-    auto rail = std::make_unique<FabricRail>(i, domains[static_cast<size_t>(dom)],
+    auto rail = std::make_unique<FabricRail>(i, fabric, domains[static_cast<size_t>(dom)],
                                              domain_info[static_cast<size_t>(dom)], settings,
                                              &metrics, dc, [this](const Notice& n) { on_notice(n); });
     CLEAVE_RETURN_IF_ERROR(rail->open(engine_id, &Impl::take_key, this));
-    addr.rail_names.push_back(rail->name());
     rails.push_back(std::move(rail));
   }
-  address = addr.encode();
   for (auto& r : rails) r->start();
   log::info("transfer engine {:016x}: provider {} (fabric {}), {} rail(s) on {} domain(s), "
             "mr_mode{}{}{}, delivery_complete={}, hmem={}, tx depth {}, libfabric API {}.{}",
@@ -241,7 +250,11 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferSet
 const std::string& TransferEngine::provider() const { return impl_->provider; }
 uint64_t TransferEngine::engine_id() const { return impl_->engine_id; }
 int TransferEngine::rails() const { return static_cast<int>(impl_->rails.size()); }
-std::string TransferEngine::address() const { return impl_->address; }
+std::string TransferEngine::address() const {
+  EngineAddress addr{impl_->engine_id, impl_->provider, {}};
+  for (const auto& r : impl_->rails) addr.rail_names.push_back(r->name());
+  return addr.encode();
+}
 
 Result<MemoryRegion> TransferEngine::register_memory(void* ptr, uint64_t len, MemoryKind kind) {
   if (!ptr || len == 0) {
@@ -329,17 +342,30 @@ Result<uint64_t> TransferEngine::connect(std::string_view peer_address) {
   }
   std::lock_guard<std::mutex> lock(impl_->peers_mu);
   auto known = impl_->peer_by_engine.find(a.engine_id);
+  if (a.rail_names.empty()) {
+    return InvalidArgument(fmt::format("peer {:016x}: its address lists no endpoint", a.engine_id));
+  }
+  const size_t nrails = impl_->rails.size();
   if (known != impl_->peer_by_engine.end()) {
-    impl_->peers[known->second]->unreachable.store(false);
+    // The peer may have reopened endpoints since (new names), and a reopen of ours may have
+    // dropped it from an AV: insert_peer() handles both.
+    auto& peer = impl_->peers[known->second];
+    peer->unreachable.store(false);
+    for (size_t i = 0; i < nrails; ++i) {
+      CLEAVE_RETURN_IF_ERROR(
+          impl_->rails[i]->insert_peer(peer, a.rail_names[i % a.rail_names.size()]));
+    }
     return known->second;
   }
   auto peer = std::make_shared<PeerRecord>();
   peer->id = impl_->next_peer.fetch_add(1);
   peer->engine_id = a.engine_id;
-  for (size_t i = 0; i < impl_->rails.size(); ++i) {
-    CLEAVE_ASSIGN_OR_RETURN(fi_addr_t fa,
-                            impl_->rails[i]->insert_peer(a.rail_names[i % a.rail_names.size()]));
-    peer->rail_addr.push_back(fa);
+  for (size_t i = 0; i < nrails; ++i) {
+    peer->rail_names.push_back(a.rail_names[i % a.rail_names.size()]);
+    peer->rail_addr.push_back(FI_ADDR_NOTAVAIL);
+  }
+  for (size_t i = 0; i < nrails; ++i) {
+    CLEAVE_RETURN_IF_ERROR(impl_->rails[i]->insert_peer(peer, peer->rail_names[i]));
   }
   impl_->peers[peer->id] = peer;
   impl_->peer_by_engine[a.engine_id] = peer->id;
@@ -366,6 +392,7 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
                                             im.rails[0]->max_msg_size());
   auto state = std::make_shared<TransferState>();
   state->metrics = &im.metrics;
+  state->driver = &im;
   state->peer = peer;
   state->notify_tag = batch.notify_tag;
   const size_t nrails = im.rails.size();
@@ -443,6 +470,7 @@ Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
   }
   auto state = std::make_shared<TransferState>();
   state->metrics = &im.metrics;
+  state->driver = &im;
   state->peer = peer;
   state->notify_tag = tag;
   {
@@ -478,6 +506,10 @@ Result<Notice> TransferEngine::wait_notice(std::chrono::milliseconds timeout) {
   return n;
 }
 
-TransferMetricsSnapshot TransferEngine::metrics() const { return impl_->metrics.snapshot(); }
+TransferMetricsSnapshot TransferEngine::metrics() const {
+  TransferMetricsSnapshot m = impl_->metrics.snapshot();
+  for (const auto& r : impl_->rails) m.rail_reopens.push_back(r->reopens());
+  return m;
+}
 
 }  // namespace cleave::transfer

@@ -60,10 +60,22 @@ class MetricsCounters {
 struct PeerRecord {
   uint64_t id = 0;
   uint64_t engine_id = 0;
-  std::vector<fi_addr_t> rail_addr;  // our rail i -> the peer's endpoint in rail i's AV
+  std::vector<std::string> rail_names;  // the peer's endpoint name for our rail i
+  // Our rail i -> the peer's endpoint in rail i's AV. Entry i is read and written only by
+  // whoever holds rail i's progress lock (a reopened rail re-inserts its peers).
+  std::vector<fi_addr_t> rail_addr;
   std::atomic<bool> unreachable{false};
   std::mutex mu;  // guards `recent`
   std::vector<std::weak_ptr<TransferState>> recent;  // unfinished batches, for notify()
+};
+
+// Lets a thread that waits for a transfer drive the rails' progress itself instead of sleeping
+// until a progress thread hands the completion over (implemented by the engine).
+class ProgressDriver {
+ public:
+  virtual ~ProgressDriver() = default;
+  // One pass over every rail whose progress lock is free; returns the events handled.
+  virtual int drive_progress() = 0;
 };
 
 }  // namespace cleave::transfer
@@ -73,6 +85,7 @@ namespace cleave::transfer {
 // Shared completion state of one batch (or notice).
 struct TransferState {
   MetricsCounters* metrics = nullptr;
+  ProgressDriver* driver = nullptr;  // the engine, which outlives every handle's use
   std::shared_ptr<PeerRecord> peer;
   uint64_t bytes = 0;
   Clock::time_point start = Clock::now();
@@ -115,25 +128,47 @@ struct OpContext {
 struct FabricShared;  // fabric + domains, owned by the engine
 
 // One endpoint with its CQ, AV, notice buffers and progress thread.
+//
+// Locking: every piece of endpoint state (the fids, the queues, in-flight operations) is
+// guarded by `progress_mu_`. Whoever holds it makes progress: the rail's own thread, a
+// submitter posting its slices inline, or a thread waiting for a transfer. Nobody sleeps while
+// holding it (the progress thread sleeps in fi_cq_sread or on a condition variable without it).
 class FabricRail {
  public:
-  FabricRail(int index, fid_domain* domain, fi_info* info, const TransferSettings& settings,
-             MetricsCounters* metrics, bool delivery_complete,
+  FabricRail(int index, fid_fabric* fabric, fid_domain* domain, fi_info* info,
+             const TransferSettings& settings, MetricsCounters* metrics, bool delivery_complete,
              std::function<void(const Notice&)> on_notice);
   ~FabricRail();
   Status open(uint64_t engine_id, uint64_t (*next_key)(void*), void* key_ctx);
   void start();
-  void stop();
+  // Stops the progress thread; false when it did not stop within 2 s (stuck inside the
+  // provider, e.g. shm spinning on the lock of a peer that was killed while holding it): the
+  // thread is then detached and the caller must leak this rail rather than destroy it.
+  bool stop();
 
-  std::string name() const { return name_; }
-  Result<fi_addr_t> insert_peer(const std::string& name);
-  void enqueue(std::vector<RailWork> work);  // thread-safe
+  // This rail's current endpoint name (it changes when the rail is reopened).
+  std::string name() const;
+  // Inserts `peer` under endpoint name `name` into this rail's AV and sets
+  // peer->rail_addr[index()]; a no-op when it is there under that name already (re-inserts
+  // after a reopen of this rail, or when the peer's endpoint was renamed by its own reopen).
+  Status insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name);
+  // Queues work and posts what it can right away when the progress lock is free (thread-safe,
+  // never blocks on a rail whose progress is stuck inside the provider).
+  void enqueue(std::vector<RailWork>&& work);
+  // One progress pass if the progress lock is free; returns the events handled (0 if busy).
+  int try_progress();
   uint64_t max_msg_size() const { return info_->ep_attr->max_msg_size; }
   int index() const { return index_; }
   const char* provider_name() const { return info_->fabric_attr->prov_name; }
+  uint64_t reopens() const { return reopens_.load(std::memory_order_relaxed); }
 
  private:
+  Status open_endpoint();
+  void close_endpoint();
+  void reopen();
   void run();
+  int progress_once();  // holds progress_mu_
+  bool has_work() const;
   int post(RailWork& w, fi_addr_t dest);
   void post_ready();
   void post_deferred_notices();
@@ -143,9 +178,12 @@ class FabricRail {
   void finish_write(OpContext* op);
   void send_notice_now(const std::shared_ptr<TransferState>& t);
   Status post_recv(int slot);
+  OpContext* new_op();
+  void free_op(OpContext* op);
   void wake();
 
   int index_;
+  fid_fabric* fabric_;
   fid_domain* domain_;
   fi_info* info_;
   TransferSettings settings_;
@@ -154,6 +192,7 @@ class FabricRail {
   std::function<void(const Notice&)> on_notice_;
   uint64_t engine_id_ = 0;
 
+  mutable std::mutex progress_mu_;
   fid_ep* ep_ = nullptr;
   fid_cq* cq_ = nullptr;
   fid_av* av_ = nullptr;
@@ -169,24 +208,33 @@ class FabricRail {
   fid_mr* send_mr_ = nullptr;
   std::vector<int> free_send_slots_;
   std::vector<OpContext*> recv_ops_;  // one per receive slot, reused
+  std::vector<std::unique_ptr<OpContext>> op_store_;  // every write/notice context ever made
+  std::vector<OpContext*> free_ops_;
 
-  std::mutex mu_;  // guards incoming_, stop_ wakeups
-  std::condition_variable cv_;
-  std::deque<RailWork> incoming_;
+  std::mutex sleep_mu_;  // the progress thread's nap when the CQ has no wait object
+  std::condition_variable sleep_cv_;
+  std::atomic<bool> sleeping_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> exited_{false};
+  std::mutex incoming_mu_;  // guards incoming_: work queued while the progress lock was busy
+  std::deque<RailWork> incoming_;
+  std::atomic<uint64_t> reopens_{0};
   std::thread thread_;
 
-  // Owned by the rail thread.
   std::deque<RailWork> ready_;
   std::deque<std::shared_ptr<TransferState>> deferred_notices_;
   std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
   std::unordered_set<OpContext*> inflight_;
-  std::vector<OpContext*> abandoned_;
+  std::vector<OpContext*> abandoned_;  // timed out, never completed by the provider
   std::unordered_map<PeerRecord*, Clock::time_point> last_completion_;
   size_t writes_inflight_ = 0;
   Clock::time_point last_timeout_check_ = Clock::now();
-  std::optional<Clock::time_point> eagain_since_;
+  std::unordered_map<PeerRecord*, Clock::time_point> eagain_since_;
   std::unordered_map<PeerRecord*, size_t> peer_inflight_;  // posted writes per peer
+  std::vector<std::weak_ptr<PeerRecord>> peers_;  // inserted into this rail's AV
+  bool reopen_wanted_ = false;  // set on a timeout; only the rail thread reopens
+  std::atomic<uint64_t> work_epoch_{0};  // bumped by enqueue(), read before the thread sleeps
+  bool wake_pending_ = false;            // guarded by sleep_mu_
 };
 
 }  // namespace cleave::transfer

@@ -77,22 +77,46 @@ bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
 
 std::optional<Status> TransferHandle::poll() const {
   if (!state_) return FailedPrecondition("poll() on an empty transfer handle");
+  if (!state_->is_done() && state_->driver) state_->driver->drive_progress();
   if (!state_->is_done()) return std::nullopt;
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->status;
 }
 
+// The waiter drives progress itself while completions keep coming (no hand-off from the
+// progress thread, no wake-up latency), spins a little after the last event, and then sleeps on
+// the transfer's condition variable in short slices (the rail threads finish it meanwhile).
 Status TransferHandle::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return FailedPrecondition("wait() on an empty transfer handle");
-  std::unique_lock<std::mutex> lock(state_->mu);
-  auto pred = [&] { return state_->done; };
-  if (timeout == std::chrono::milliseconds::max()) {
-    state_->cv.wait(lock, pred);
-  } else if (!state_->cv.wait_for(lock, timeout, pred)) {
-    return DeadlineExceeded(fmt::format("transfer of {} bytes still in flight after {} ms",
-                                        state_->bytes, timeout.count()));
+  TransferState& s = *state_;
+  const bool forever = timeout == std::chrono::milliseconds::max();
+  const auto deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
+  constexpr auto kSpin = std::chrono::microseconds(200);
+  constexpr auto kNap = std::chrono::milliseconds(1);
+  auto last_event = Clock::now();
+  while (!s.is_done()) {
+    int n = s.driver ? s.driver->drive_progress() : 0;
+    if (s.is_done()) break;
+    auto now = Clock::now();
+    if (n > 0) {
+      last_event = now;
+      continue;
+    }
+    if (now >= deadline) {
+      return DeadlineExceeded(fmt::format("transfer of {} bytes still in flight after {} ms",
+                                          s.bytes, timeout.count()));
+    }
+    if (now - last_event < kSpin) {
+      std::this_thread::yield();
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(s.mu);
+    auto until = std::min(deadline, now + kNap);
+    s.cv.wait_until(lock, until, [&] { return s.done; });
+    last_event = Clock::now() - kSpin / 2;  // poll a little after each nap
   }
-  return state_->status;
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.status;
 }
 
 uint64_t TransferHandle::bytes() const { return state_ ? state_->bytes : 0; }

@@ -17,6 +17,9 @@ struct TransferBenchOptions {
   int64_t iters = 200;
   int64_t rails = 1;
   int64_t window = 64;  // writes in flight
+  // Completion semantics of both ours and the raw loop (the same on both sides, for a fair
+  // ratio): FI_DELIVERY_COMPLETE, or the provider's default completion.
+  bool delivery_complete = true;
   // argv prefix that starts the target role, e.g. {"/proc/self/exe", "bench", "transfer"}.
   std::vector<std::string> target_command;
 };

@@ -27,6 +27,8 @@ struct TransferMetricsSnapshot {
   std::string provider;
   std::vector<uint64_t> rail_bytes;   // bytes written, per rail
   std::vector<uint64_t> rail_writes;  // completed write operations, per rail
+  // Times each rail's endpoint was replaced because a peer stopped completing operations.
+  std::vector<uint64_t> rail_reopens;
   struct PeerCounters {
     uint64_t bytes = 0;
     uint64_t transfers = 0;  // completed batches

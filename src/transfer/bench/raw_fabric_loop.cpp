@@ -66,7 +66,8 @@ Status RawFabricEndpoint::connect(const std::string& peer_name) {
 }
 
 Result<double> RawFabricEndpoint::write_loop(uint64_t size, int64_t iters, int64_t window,
-                                             uint64_t remote_addr, uint64_t key) {
+                                             uint64_t remote_addr, uint64_t key,
+                                             bool delivery_complete) {
   int64_t posted = 0, done = 0;
   fi_context2 ctx[1];
   void* desc = fi_mr_desc(mr_);
@@ -74,7 +75,18 @@ Result<double> RawFabricEndpoint::write_loop(uint64_t size, int64_t iters, int64
   auto start = Clock::now();
   while (done < iters) {
     while (posted < iters && posted - done < window) {
-      ssize_t rc = fi_write(ep_, buf_, size, desc, peer_, remote_addr, key, ctx);
+      iovec iov{buf_, size};
+      fi_rma_iov rma{remote_addr, size, key};
+      fi_msg_rma msg{};
+      msg.msg_iov = &iov;
+      msg.desc = &desc;
+      msg.iov_count = 1;
+      msg.addr = peer_;
+      msg.rma_iov = &rma;
+      msg.rma_iov_count = 1;
+      msg.context = ctx;
+      ssize_t rc = fi_writemsg(ep_, &msg,
+                               FI_COMPLETION | (delivery_complete ? FI_DELIVERY_COMPLETE : 0));
       if (rc == -FI_EAGAIN) break;
       if (rc) return Internal(fabric_error("raw: fi_write", static_cast<int>(rc)));
       ++posted;

@@ -27,9 +27,9 @@ class RawFabricEndpoint {
   bool virt_addr() const { return virt_addr_; }
   Status connect(const std::string& peer_name);
   // Writes `iters` times `size` bytes to the peer (remote base `addr`, `key`) with `window` in
-  // flight; returns seconds.
+  // flight, each with FI_DELIVERY_COMPLETE when `delivery_complete`; returns seconds.
   Result<double> write_loop(uint64_t size, int64_t iters, int64_t window, uint64_t remote_addr,
-                            uint64_t key);
+                            uint64_t key, bool delivery_complete);
   // Target side: drive progress until stop is set.
   void serve(const std::atomic<bool>& stop);
 

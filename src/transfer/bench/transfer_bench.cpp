@@ -188,6 +188,7 @@ Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOpti
   s.provider = o.provider;
   s.node = "127.0.0.1";
   s.rails = o.rails;
+  s.delivery_complete = o.delivery_complete;
   CLEAVE_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(s, true));
   CLEAVE_ASSIGN_OR_RETURN(uint64_t peer, engine->connect(unhex(addr)));
   CLEAVE_ASSIGN_OR_RETURN(RemoteDescriptor desc, RemoteDescriptor::decode(unhex(desc_hex)));
@@ -237,8 +238,10 @@ Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOpti
   std::sscanf(raw_line.c_str() + raw_name_hex.size(), " %lu %lu", &raw_key, &raw_base);
   CLEAVE_RETURN_IF_ERROR(raw.connect(unhex(raw_name_hex)));
   for (auto& row : rows) {
-    CLEAVE_RETURN_IF_ERROR(raw.write_loop(row.size_bytes, 1, 1, raw_base, raw_key).status());
-    CLEAVE_ASSIGN_OR_RETURN(double secs, raw.write_loop(row.size_bytes, o.iters, o.window, raw_base, raw_key));
+    CLEAVE_RETURN_IF_ERROR(raw.write_loop(row.size_bytes, 1, 1, raw_base, raw_key,
+                                          o.delivery_complete).status());
+    CLEAVE_ASSIGN_OR_RETURN(double secs, raw.write_loop(row.size_bytes, o.iters, o.window, raw_base,
+                                                        raw_key, o.delivery_complete));
     row.raw_gbps = static_cast<double>(row.size_bytes) * static_cast<double>(o.iters) / secs / 1e9;
     row.ratio = row.raw_gbps > 0 ? row.gbps / row.raw_gbps : 0;
   }
