@@ -18,6 +18,7 @@
 #include "cleave/common/status.h"
 #include "cleave/engine/cpu_kernels.h"
 #include "cleave/engine/llama_model.h"
+#include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/model_file.h"
 #include "copy_bandwidth.h"
 
@@ -120,22 +121,28 @@ cleave::Status run(const Options& o, Figures& f) {
   const auto copy = cleave::bench::measure_copy_bandwidth(model->pool());
   f.copy_bytes_per_s = copy.bytes_per_s;
 
-  {  // warm-up: faults the weights in and sizes the scratch buffers
-    cleave::KvCache warm = model->make_cache();
-    CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), std::min<size_t>(prompt.size(), 8)}, 0,
-                                          warm, logits));
-    CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), 1}, 8, warm, logits));
-  }
+  // One sequence in a pool of its own, blocks in order (the layout a fresh pool hands out).
+  constexpr int64_t kBlockSize = 16;
+  const int64_t blocks = (o.prompt_tokens + o.gen_tokens + kBlockSize - 1) / kBlockSize;
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<cleave::KvBlockPool> kv,
+                          cleave::KvBlockPool::create(model->kv_layout(kBlockSize, blocks)));
+  std::vector<cleave::BlockId> table;
+  CLEAVE_RETURN_IF_ERROR(kv->allocate(blocks, table));
 
-  cleave::KvCache cache = model->make_cache();
+  // warm-up: faults the weights in and sizes the scratch buffers (its KV is overwritten below)
+  CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), std::min<size_t>(prompt.size(), 8)}, 0,
+                                        table, *kv, logits));
+  CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), 1}, std::min<int64_t>(o.prompt_tokens, 8),
+                                        table, *kv, logits));
+
   auto t0 = std::chrono::steady_clock::now();
-  CLEAVE_RETURN_IF_ERROR(model->forward(prompt, 0, cache, logits));
+  CLEAVE_RETURN_IF_ERROR(model->forward(prompt, 0, table, *kv, logits));
   f.prefill_tok_s = static_cast<double>(o.prompt_tokens) / seconds_since(t0);
 
   int32_t next = argmax(logits);
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.gen_tokens; ++i) {
-    CLEAVE_RETURN_IF_ERROR(model->forward({&next, 1}, o.prompt_tokens + i, cache, logits));
+    CLEAVE_RETURN_IF_ERROR(model->forward({&next, 1}, o.prompt_tokens + i, table, *kv, logits));
     next = argmax(logits);
   }
   f.decode_tok_s = static_cast<double>(o.gen_tokens) / seconds_since(t0);

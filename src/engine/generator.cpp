@@ -31,14 +31,22 @@ std::string_view finish_reason_name(FinishReason r) {
 Generator::Generator(LlamaModel& model, const Tokenizer& tokenizer)
     : model_(model),
       tokenizer_(tokenizer),
-      cache_(model.make_cache()),
       logits_(static_cast<size_t>(model.config().vocab_size), 0.0f) {}
+
+Status Generator::acquire_blocks(int64_t blocks) {
+  if (!kv_ || kv_->total_blocks() < blocks) {
+    kv_.reset();  // release the old buffer before asking for the larger one
+    CLEAVE_ASSIGN_OR_RETURN(kv_, KvBlockPool::create(model_.kv_layout(kBlockSize, blocks)));
+  }
+  table_.clear();
+  return kv_->allocate(blocks, table_);
+}
 
 Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt,
                                              const SamplingParams& params,
                                              const TokenCallback& on_token) {
   const int64_t vocab = model_.config().vocab_size;
-  const int64_t context = std::min(model_.max_context(), cache_.capacity());
+  const int64_t context = model_.max_context();
   if (prompt.empty()) return InvalidArgument("generate: the prompt has no tokens (add BOS)");
   if (static_cast<int64_t>(prompt.size()) > context) {
     return OutOfRange(fmt::format("generate: the prompt has {} tokens, the context holds {}",
@@ -50,8 +58,21 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt,
   result.stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   if (params.max_tokens <= 0) return result;
 
+  // Positions run: the prompt, then one per generated token but the last.
+  const int64_t positions =
+      std::min(context, static_cast<int64_t>(prompt.size()) + int64_t{params.max_tokens});
+  CLEAVE_RETURN_IF_ERROR(acquire_blocks((positions + kBlockSize - 1) / kBlockSize));
+  struct ReleaseBlocks {
+    KvBlockPool& kv;
+    std::vector<BlockId>& table;
+    ~ReleaseBlocks() {
+      kv.release(table);
+      table.clear();
+    }
+  } release_blocks{*kv_, table_};
+
   const auto t_prefill = std::chrono::steady_clock::now();
-  CLEAVE_RETURN_IF_ERROR(model_.forward(prompt, 0, cache_, logits_));
+  CLEAVE_RETURN_IF_ERROR(model_.forward(prompt, 0, table_, *kv_, logits_));
   result.stats.prefill_seconds = seconds_since(t_prefill);
   const auto t_decode = std::chrono::steady_clock::now();
 
@@ -116,7 +137,7 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt,
       break;
     }
     const int32_t token = ev.token;
-    CLEAVE_RETURN_IF_ERROR(model_.forward(std::span<const int32_t>(&token, 1), pos, cache_, logits_));
+    CLEAVE_RETURN_IF_ERROR(model_.forward(std::span<const int32_t>(&token, 1), pos, table_, *kv_, logits_));
     ++pos;
     ++result.stats.decode_steps;
   }

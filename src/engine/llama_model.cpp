@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 #include <string>
 
+#include "batch_assembler.h"
 #include "cleave/engine/cpu_kernels.h"
 #include "fmt/format.h"
 
@@ -128,10 +130,15 @@ struct LlamaModel::Impl {
   std::vector<float> inv_freq;
   uint64_t weight_bytes = 0;
 
-  // Scratch, [max_batch, width] each.
-  std::vector<float> x, xb, q, attn, hb, hb2;
+  // Scratch, [max_batch, width] each; logits_scratch is [logit_group, vocab].
+  std::vector<float> x, xb, q, k, v, attn, hb, hb2, logits_scratch;
+  int64_t logit_group = 0;
+  engine_detail::BatchAssembler assembler;
 
-  Status run_chunk(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache);
+  // Runs the assembler's current sub-batch through every layer; calls hooks.on_layer_done when
+  // it is the batch's last sub-batch. Then writes the logits it owes.
+  void run_sub_batch(KvBlockPool& kv, const ForwardHooks& hooks);
+  void write_logits();
 };
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelFile> model,
@@ -210,9 +217,17 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
   impl->x.assign(b * static_cast<size_t>(dim), 0.0f);
   impl->xb.assign(b * static_cast<size_t>(dim), 0.0f);
   impl->q.assign(b * static_cast<size_t>(impl->q_dim), 0.0f);
+  impl->k.assign(b * static_cast<size_t>(impl->kv_dim), 0.0f);
+  impl->v.assign(b * static_cast<size_t>(impl->kv_dim), 0.0f);
   impl->attn.assign(b * static_cast<size_t>(impl->q_dim), 0.0f);
   impl->hb.assign(b * static_cast<size_t>(ffn), 0.0f);
   impl->hb2.assign(b * static_cast<size_t>(ffn), 0.0f);
+  // Logits are computed for up to this many sequences at a time (one pass over the output
+  // matrix each), within about 16 MiB of scratch.
+  impl->logit_group = std::clamp<int64_t>((int64_t{16} << 20) / (4 * cfg.vocab_size), 1,
+                                          std::min<int64_t>(impl->max_batch, 64));
+  impl->logits_scratch.assign(static_cast<size_t>(impl->logit_group * cfg.vocab_size), 0.0f);
+  impl->assembler.reserve(impl->max_batch);
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(impl)));
 }
 
@@ -223,81 +238,69 @@ const ModelConfig& LlamaModel::config() const { return impl_->cfg; }
 int64_t LlamaModel::max_context() const { return impl_->max_context; }
 ThreadPool& LlamaModel::pool() { return *impl_->pool; }
 Backend& LlamaModel::backend() { return *impl_->backend; }
-KvCache LlamaModel::make_cache() const { return KvCache(impl_->cfg, impl_->max_context); }
+KvLayout LlamaModel::kv_layout(int64_t block_size, int64_t num_blocks) const {
+  return KvLayout::for_model(impl_->cfg, block_size, num_blocks);
+}
 uint64_t LlamaModel::weight_bytes_per_token() const { return impl_->weight_bytes; }
 
-Status LlamaModel::forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
+Status LlamaModel::forward(std::span<const int32_t> tokens, int64_t start_pos,
+                           std::span<const BlockId> block_table, KvBlockPool& kv,
                            std::span<float> logits) {
-  Impl& m = *impl_;
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) return InvalidArgument("forward: no tokens");
-  if (static_cast<int64_t>(logits.size()) < m.cfg.vocab_size) {
+  if (static_cast<int64_t>(logits.size()) < impl_->cfg.vocab_size) {
     return InvalidArgument(fmt::format("forward: logits buffer holds {} floats, the vocabulary has {}",
-                                       logits.size(), m.cfg.vocab_size));
+                                       logits.size(), impl_->cfg.vocab_size));
   }
-  if (cache.kv_dim() != m.kv_dim || cache.n_layers() != m.cfg.n_layers) {
-    return InvalidArgument(fmt::format(
-        "forward: KV cache geometry ({} layers, kv_dim {}) does not match the model ({}, {})",
-        cache.n_layers(), cache.kv_dim(), m.cfg.n_layers, m.kv_dim));
-  }
-  const int64_t limit = std::min(cache.capacity(), m.max_context);
-  if (start_pos < 0 || start_pos + n > limit) {
-    return OutOfRange(fmt::format("forward: positions [{}, {}) exceed the context of {} tokens",
-                                  start_pos, start_pos + n, limit));
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= m.cfg.vocab_size) {
-      return InvalidArgument(fmt::format("forward: token id {} at index {} is outside the vocabulary (size {})",
-                                         tokens[i], i, m.cfg.vocab_size));
-    }
-  }
-  int64_t done = 0;
-  while (done < n) {
-    const int64_t len = std::min(m.max_batch, n - done);
-    CLEAVE_RETURN_IF_ERROR(m.run_chunk(tokens.subspan(done, len), start_pos + done, cache));
-    done += len;
-  }
-  // The residual stream of the last token sits in row len-1 of x.
-  const int64_t last = (n - 1) % m.max_batch;
-  Backend& be = *m.backend;
-  const int64_t dim = m.cfg.dim;
-  be.rmsnorm(m.x.data() + last * dim, m.output_norm.data(), m.cfg.rms_eps, 1, dim, m.xb.data());
-  be.matmul(*m.output, m.xb.data(), 1, logits.data());
+  const BatchSequence seq{.tokens = tokens, .start_pos = start_pos, .block_table = block_table,
+                          .logits = logits};
+  return forward_batch(std::span<const BatchSequence>(&seq, 1), kv);
+}
+
+Status LlamaModel::forward_batch(std::span<const BatchSequence> batch, KvBlockPool& kv,
+                                 const ForwardHooks& hooks) {
+  Impl& m = *impl_;
+  CLEAVE_RETURN_IF_ERROR(
+      engine_detail::BatchAssembler::validate(batch, kv.layout(), m.cfg, m.max_context));
+  m.assembler.begin(batch, kv.layout().block_size);
+  while (m.assembler.next()) m.run_sub_batch(kv, hooks);
   return Status::Ok();
 }
 
-Status LlamaModel::Impl::run_chunk(std::span<const int32_t> tokens, int64_t start_pos,
-                                   KvCache& cache) {
-  const int64_t n = static_cast<int64_t>(tokens.size());
+void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hooks) {
+  const TokenBatch& tb = assembler.tokens();
+  const int64_t n = tb.n_tokens;
   const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
+  const bool last_sub_batch = assembler.last();
+  const KvLayout& layout = pool.layout();
+  const PagedKv kv{.base = pool.k(0, 0), .num_blocks = layout.num_blocks,
+                   .block_size = layout.block_size, .kv_dim = kv_dim};
   Backend& be = *backend;
-  be.embedding(*token_embd, tokens, x.data());
+  be.embedding(*token_embd, assembler.token_ids(), x.data());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& w = layers[static_cast<size_t>(l)];
-    float* k_rows = cache.k(l, start_pos);
-    float* v_rows = cache.v(l, start_pos);
 
-    // Attention block: K and V go straight into the cache rows of these positions.
+    // Attention block: K and V of these tokens go into their pool slots, then every token
+    // attends over its sequence's keys.
     be.rmsnorm(x.data(), w.attn_norm.data(), cfg.rms_eps, n, dim, xb.data());
     be.matmul(*w.attn_q, xb.data(), n, q.data());
-    be.matmul(*w.attn_k, xb.data(), n, k_rows);
-    be.matmul(*w.attn_v, xb.data(), n, v_rows);
+    be.matmul(*w.attn_k, xb.data(), n, k.data());
+    be.matmul(*w.attn_v, xb.data(), n, v.data());
     if (cfg.qkv_bias) {
       be.add_bias(q.data(), w.q_bias.data(), n, q_dim);
-      be.add_bias(k_rows, w.k_bias.data(), n, kv_dim);
-      be.add_bias(v_rows, w.v_bias.data(), n, kv_dim);
+      be.add_bias(k.data(), w.k_bias.data(), n, kv_dim);
+      be.add_bias(v.data(), w.v_bias.data(), n, kv_dim);
     }
-    RopeArgs rope{.x = q.data(), .row_stride = q_dim, .n_tokens = n, .start_pos = start_pos,
+    RopeArgs rope{.x = q.data(), .row_stride = q_dim, .n_tokens = n, .positions = tb.positions,
                   .n_heads = cfg.n_heads, .head_dim = cfg.head_dim, .style = cfg.rope_style,
                   .inv_freq = inv_freq.data()};
     be.rope(rope);
-    rope.x = k_rows;
+    rope.x = k.data();
     rope.row_stride = kv_dim;
     rope.n_heads = cfg.n_kv_heads;
     be.rope(rope);
-    be.attention(AttentionArgs{.q = q.data(), .k = cache.k(l, 0), .v = cache.v(l, 0),
-                               .out = attn.data(), .n_tokens = n, .start_pos = start_pos,
-                               .n_heads = cfg.n_heads, .n_kv_heads = cfg.n_kv_heads,
+    be.write_kv(KvWriteArgs{.batch = &tb, .k = k.data(), .v = v.data(), .kv = kv, .layer = l});
+    if (last_sub_batch && hooks.on_layer_done) hooks.on_layer_done(l);
+    be.attention(AttentionArgs{.batch = &tb, .q = q.data(), .out = attn.data(), .kv = kv,
+                               .layer = l, .n_heads = cfg.n_heads, .n_kv_heads = cfg.n_kv_heads,
                                .head_dim = cfg.head_dim});
     be.matmul(*w.attn_output, attn.data(), n, xb.data());
     be.add(x.data(), xb.data(), n * dim);
@@ -310,7 +313,27 @@ Status LlamaModel::Impl::run_chunk(std::span<const int32_t> tokens, int64_t star
     be.matmul(*w.ffn_down, hb.data(), n, xb.data());
     be.add(x.data(), xb.data(), n * dim);
   }
-  return Status::Ok();
+  write_logits();
+}
+
+void LlamaModel::Impl::write_logits() {
+  const auto rows = assembler.logit_rows();
+  const int64_t dim = cfg.dim, vocab = cfg.vocab_size;
+  Backend& be = *backend;
+  for (size_t g0 = 0; g0 < rows.size(); g0 += static_cast<size_t>(logit_group)) {
+    const size_t g1 = std::min(rows.size(), g0 + static_cast<size_t>(logit_group));
+    // Final norm of each wanted token's residual row, packed into xb, then one matmul.
+    for (size_t i = g0; i < g1; ++i) {
+      be.rmsnorm(x.data() + rows[i].row * dim, output_norm.data(), cfg.rms_eps, 1, dim,
+                 xb.data() + static_cast<int64_t>(i - g0) * dim);
+    }
+    be.matmul(*output, xb.data(), static_cast<int64_t>(g1 - g0), logits_scratch.data());
+    for (size_t i = g0; i < g1; ++i) {
+      std::memcpy(rows[i].logits.data(),
+                  logits_scratch.data() + static_cast<int64_t>(i - g0) * vocab,
+                  static_cast<size_t>(vocab) * sizeof(float));
+    }
+  }
 }
 
 }  // namespace cleave

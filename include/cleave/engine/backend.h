@@ -9,8 +9,9 @@
 // its kernels. Activations are row-major [n_tokens, width]; a "row stride" is in floats.
 //
 // Batch invariance: every operation computes each token's output with a reduction order that
-// depends only on that token's data (and, for attention, its position), never on n_tokens, on
-// the thread count or on what else is in the call. A backend that cannot promise this must not
+// depends only on that token's data (and, for attention, its position and its sequence's keys,
+// taken in key order 0..pos), never on n_tokens, on the thread count, on the block ids or block
+// size, or on what else is in the call. A backend that cannot promise this must not
 // implement this interface.
 //
 // Thread-safety: one caller at a time (the engine thread).
@@ -21,30 +22,68 @@
 #include <span>
 
 #include "cleave/common/thread_pool.h"
+#include "cleave/kvcache/kv_layout.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/tensor_view.h"
 
 namespace cleave {
 
-// Causal attention of one chunk of tokens of one sequence over its KV cache (one layer).
-struct AttentionArgs {
-  const float* q = nullptr;  // [n_tokens, n_heads * head_dim], RoPE already applied
-  const float* k = nullptr;  // layer's K cache: [capacity, n_kv_heads * head_dim]
-  const float* v = nullptr;  // layer's V cache, same layout
-  float* out = nullptr;      // [n_tokens, n_heads * head_dim]
+// Where the tokens of one batch sit: in their sequences and in the paged KV pool. A batch holds
+// tokens of one or more sequences, in any order. The index arrays are host memory (a device
+// backend uploads them) and stay valid for every layer of the batch.
+struct TokenBatch {
   int64_t n_tokens = 0;
-  int64_t start_pos = 0;     // token t is at position start_pos + t and sees keys 0..start_pos+t
+  const int64_t* positions = nullptr;   // [n_tokens]: position of the token in its sequence
+  const int64_t* kv_slots = nullptr;    // [n_tokens]: where its K/V go: block * block_size + offset
+  const int32_t* seq = nullptr;         // [n_tokens]: index of its sequence
+  const int64_t* seq_blocks = nullptr;  // [n_seqs]: sequence s's block table is block_ids +
+                                        // seq_blocks[s]; it covers positions 0..max position
+  const BlockId* block_ids = nullptr;   // the block tables of all sequences, concatenated
+};
+
+// A paged KV pool (kvcache/kv_layout.h): the unit (layer, block) is K of block_size tokens
+// ([block_size, kv_dim] floats) followed by their V; units are layer-major.
+struct PagedKv {
+  float* base = nullptr;  // the pool buffer, in backend memory
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t kv_dim = 0;     // n_kv_heads * head_dim
+  int64_t unit_floats() const { return 2 * block_size * kv_dim; }
+  // K of (layer, block); its V follows at + block_size * kv_dim.
+  float* k(int64_t layer, BlockId block) const {
+    return base + (layer * num_blocks + block) * unit_floats();
+  }
+};
+
+// Writes K and V rows of the batch's tokens into their slots of one layer.
+struct KvWriteArgs {
+  const TokenBatch* batch = nullptr;
+  const float* k = nullptr;  // [n_tokens, kv_dim], RoPE already applied
+  const float* v = nullptr;  // [n_tokens, kv_dim]
+  PagedKv kv;
+  int64_t layer = 0;
+};
+
+// Causal attention of every token of a batch over its own sequence's keys (one layer). Token t
+// (position p) of sequence s sees keys 0..p of s, read through s's block table; its own K/V must
+// already be in the pool.
+struct AttentionArgs {
+  const TokenBatch* batch = nullptr;
+  const float* q = nullptr;  // [n_tokens, n_heads * head_dim], RoPE already applied
+  float* out = nullptr;      // [n_tokens, n_heads * head_dim]
+  PagedKv kv;
+  int64_t layer = 0;
   int64_t n_heads = 0;
   int64_t n_kv_heads = 0;    // query head h reads KV head h / (n_heads / n_kv_heads)
   int64_t head_dim = 0;
 };
 
-// Rotary position embedding of a chunk of tokens.
+// Rotary position embedding of a batch of tokens.
 struct RopeArgs {
   float* x = nullptr;         // [n_tokens, row_stride]; heads are the first n_heads * head_dim
   int64_t row_stride = 0;
   int64_t n_tokens = 0;
-  int64_t start_pos = 0;      // token t is at position start_pos + t
+  const int64_t* positions = nullptr;  // [n_tokens] (host memory)
   int64_t n_heads = 0;
   int64_t head_dim = 0;
   RopeStyle style = RopeStyle::kNormal;
@@ -60,7 +99,7 @@ class Backend {
   virtual int threads() const = 0;
 
   // Reserves per-thread scratch for attention over up to `max_context` keys. Called once by the
-  // model before the first forward(); attention() never allocates afterwards.
+  // model before the first forward pass; attention() never allocates afterwards.
   virtual void reserve_attention(int64_t max_context) = 0;
 
   // y[t] = W x[t] for t in [0, n_tokens): W is [rows, cols], x is [n_tokens, cols] and y is
@@ -73,6 +112,7 @@ class Backend {
   virtual void rmsnorm(const float* x, const float* weight, float eps, int64_t n_tokens,
                        int64_t dim, float* out) = 0;
   virtual void rope(const RopeArgs& args) = 0;
+  virtual void write_kv(const KvWriteArgs& args) = 0;
   virtual void attention(const AttentionArgs& args) = 0;
   // out[i] = silu(gate[i]) * up[i] over n elements; out may alias gate.
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;

@@ -1,9 +1,13 @@
 // Single-sequence generation: prompt tokens + SamplingParams -> streamed tokens and text.
 //
-// The prompt is prefilled in one forward() call, then one token is sampled and decoded per step
+// The prompt is prefilled in one forward pass, then one token is sampled and decoded per step
 // until a stop condition: an end-of-generation token (unless ignore_eos), a stop token id, a stop
 // string (cut from the text), max_tokens, the end of the context, or the callback asking to stop.
 // The random draw of the token at sequence position p is a pure function of (seed, p).
+//
+// KV: the Generator owns a small paged KV pool (kvcache/kv_block_pool.h) holding one sequence:
+// blocks for prompt + max_tokens positions (capped by the context), allocated for each
+// generate() and released when it returns. The pool grows when a request needs more blocks.
 //
 // Thread-safety: one generate() at a time per Generator (it uses the model's scratch and KV).
 #pragma once
@@ -17,6 +21,7 @@
 #include "cleave/common/status.h"
 #include "cleave/engine/llama_model.h"
 #include "cleave/engine/sampler.h"
+#include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/tokenizer.h"
 
 namespace cleave {
@@ -54,14 +59,16 @@ struct GenerationResult {
 
 class Generator {
  public:
-  // `model` and `tokenizer` must outlive the Generator. The KV cache is allocated here, once.
+  static constexpr int64_t kBlockSize = 16;  // tokens per KV block
+
+  // `model` and `tokenizer` must outlive the Generator. The KV pool is allocated on first use.
   Generator(LlamaModel& model, const Tokenizer& tokenizer);
 
   // Called once per sampled token, in order; return false to stop (finish reason cancelled).
   using TokenCallback = std::function<bool(const GeneratedToken&)>;
 
   // InvalidArgument for an empty prompt, an out-of-vocabulary id or bad params; OutOfRange when
-  // the prompt does not fit the context. The text of the first token after a BOS that ends the
+  // the prompt does not fit the context; ResourceExhausted when the KV pool cannot be had. The text of the first token after a BOS that ends the
   // prompt loses its leading space (SentencePiece decoding); otherwise text is the continuation
   // as the tokenizer spells it.
   Result<GenerationResult> generate(std::span<const int32_t> prompt, const SamplingParams& params,
@@ -70,7 +77,11 @@ class Generator {
  private:
   LlamaModel& model_;
   const Tokenizer& tokenizer_;
-  KvCache cache_;
+  // Makes sure the pool holds at least `blocks` blocks and allocates them into table_.
+  Status acquire_blocks(int64_t blocks);
+
+  std::unique_ptr<KvBlockPool> kv_;
+  std::vector<BlockId> table_;  // the sequence's blocks while generate() runs
   std::vector<float> logits_;
 };
 

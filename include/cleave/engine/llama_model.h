@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "cleave/common/status.h"
 #include "cleave/common/thread_pool.h"
 #include "cleave/engine/backend.h"
+#include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/model_file.h"
 
 namespace cleave {
@@ -21,29 +23,27 @@ namespace cleave {
 struct EngineOptions {
   int threads = 0;             // compute threads; 0 = one per online CPU
   int64_t max_context = 0;     // 0 = the model's context_length
-  // Most tokens run through one layer at a time; forward() splits longer inputs into chunks of
-  // this size (scratch memory is sized for it). Logits do not depend on it (batch invariance).
+  // Most tokens run through one layer at a time; forward_batch() splits larger batches into
+  // sub-batches of this size (scratch memory is sized for it). Logits do not depend on it.
   int64_t max_batch_tokens = 256;
 };
 
-// KV cache of one sequence, contiguous: for each layer, K and V of [max_context, n_kv_heads,
-// head_dim] floats. (The paged, multi-sequence cache comes with src/kvcache.)
-class KvCache {
- public:
-  // Zero-filled; capacity is max_context positions.
-  KvCache(const ModelConfig& cfg, int64_t max_context);
-  int64_t n_layers() const { return n_layers_; }
-  int64_t capacity() const { return capacity_; }
-  // K / V of `layer` at `pos`: kv_dim() floats; positions of a layer are contiguous.
-  float* k(int64_t layer, int64_t pos);
-  float* v(int64_t layer, int64_t pos);
-  const float* k(int64_t layer, int64_t pos) const;
-  const float* v(int64_t layer, int64_t pos) const;
-  int64_t kv_dim() const { return kv_dim_; }
+// One sequence's share of a forward_batch() call.
+struct BatchSequence {
+  std::span<const int32_t> tokens;       // this step's tokens, positions [start_pos, start_pos + size)
+  int64_t start_pos = 0;                 // K/V of positions < start_pos must already be in the pool
+  std::span<const BlockId> block_table;  // KV blocks covering positions [0, start_pos + size):
+                                         // position p lives in block_table[p / block_size] at
+                                         // offset p % block_size (entries past that are ignored)
+  std::span<float> logits;               // empty: no logits; else >= vocab_size floats that get
+                                         // the logits of the LAST of `tokens`
+};
 
- private:
-  int64_t n_layers_, capacity_, kv_dim_, layer_stride_;
-  std::vector<float> k_, v_;
+// Callbacks from inside forward_batch(), on the calling thread.
+struct ForwardHooks {
+  // Called once per layer, in layer order, as soon as that layer's K/V of every token of the
+  // batch are in the pool (e.g. to start sending them to a decode worker). May be empty.
+  std::function<void(int64_t layer)> on_layer_done;
 };
 
 class LlamaModel {
@@ -57,17 +57,32 @@ class LlamaModel {
   int64_t max_context() const;
   ThreadPool& pool();
   Backend& backend();
-  // A KV cache sized for this model (max_context positions).
-  KvCache make_cache() const;
+  // The KV pool layout this model reads and writes: `num_blocks` blocks of `block_size` tokens.
+  KvLayout kv_layout(int64_t block_size, int64_t num_blocks) const;
 
-  // Runs `tokens` at positions [start_pos, start_pos + tokens.size()) of the sequence whose KV
-  // is in `cache` (positions < start_pos must already be there). Writes the logits of the last
-  // token (vocab_size floats) to `logits`. OutOfRange when the context would overflow (the
-  // cache's capacity or max_context), InvalidArgument for an empty input, a token id outside
-  // the vocabulary, a too-small `logits` or a cache of another model's geometry.
-  // No allocation after the first call.
-  [[nodiscard]] Status forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
-                 std::span<float> logits);
+  // Runs every sequence of `batch` one step: each sequence's tokens at its positions, all tokens
+  // of all sequences together through each matmul, attention per (sequence, token, head) over
+  // keys 0..pos read through the sequence's block table in key order. K/V of the new tokens are
+  // written into `kv` at their (block, offset); logits are written where asked.
+  //
+  // Batch invariance: a sequence's logits and K/V are bit-identical whatever else is in the
+  // batch, however its tokens are chunked over calls, whatever the block ids and max_batch_tokens.
+  // Batches of more than max_batch_tokens tokens run as sub-batches (a sequence may straddle two).
+  //
+  // The caller guarantees that no two tokens of the batch write the same (block, offset) and that
+  // no sequence's keys are overwritten by another's tokens (shared prefix blocks are read-only).
+  // Errors (nothing is written when validation fails): InvalidArgument for an empty batch or
+  // sequence, a token id outside the vocabulary, a block table too short for its positions, a
+  // block id outside the pool, a logits span smaller than the vocabulary, or a pool whose layout
+  // does not match the model; OutOfRange for positions outside [0, max_context).
+  // No heap allocation after the first calls (scratch is reserved at create).
+  [[nodiscard]] Status forward_batch(std::span<const BatchSequence> batch, KvBlockPool& kv,
+                                     const ForwardHooks& hooks = {});
+
+  // One sequence: forward_batch() of a batch of one, logits of the last token into `logits`.
+  [[nodiscard]] Status forward(std::span<const int32_t> tokens, int64_t start_pos,
+                               std::span<const BlockId> block_table, KvBlockPool& kv,
+                               std::span<float> logits);
 
   // Bytes of weights read per decode step, for bandwidth floors: every tensor the step reads
   // once, as stored in the file (layer matrices, norms, biases, final norm, output matrix --

@@ -1,6 +1,7 @@
 // The CPU backend: the Backend operations over cpu_kernels.h, threaded over a ThreadPool.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cleave/engine/backend.h"
@@ -15,7 +16,8 @@ constexpr int64_t kParallelMinWork = 1 << 15;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(ThreadPool& pool) : pool_(pool), scores_(static_cast<size_t>(pool.size())) {}
+  explicit CpuBackend(ThreadPool& pool) : pool_(pool), scores_(static_cast<size_t>(pool.size())),
+        bounds_(static_cast<size_t>(pool.size()) + 1, 0) {}
 
   const char* name() const override { return "cpu"; }
   int threads() const override { return pool_.size(); }
@@ -46,7 +48,7 @@ class CpuBackend final : public Backend {
     const int64_t half = a.head_dim / 2;
     for_tokens(a.n_tokens, a.n_heads * a.head_dim * 4, [&](int64_t t) {
       float* row = a.x + t * a.row_stride;
-      const float pos = static_cast<float>(a.start_pos + t);
+      const float pos = static_cast<float>(a.positions[t]);
       for (int64_t j = 0; j < half; ++j) {
         const float angle = pos * a.inv_freq[j];
         const float c = std::cos(angle);
@@ -64,10 +66,25 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void write_kv(const KvWriteArgs& a) override {
+    const TokenBatch& b = *a.batch;
+    const int64_t kv_dim = a.kv.kv_dim, bs = a.kv.block_size;
+    const size_t row_bytes = static_cast<size_t>(kv_dim) * sizeof(float);
+    for (int64_t t = 0; t < b.n_tokens; ++t) {
+      const int64_t slot = b.kv_slots[t];
+      float* k = a.kv.k(a.layer, static_cast<BlockId>(slot / bs)) + (slot % bs) * kv_dim;
+      std::memcpy(k, a.k + t * kv_dim, row_bytes);
+      std::memcpy(k + bs * kv_dim, a.v + t * kv_dim, row_bytes);
+    }
+  }
+
   void attention(const AttentionArgs& a) override {
-    const int64_t items = a.n_tokens * a.n_heads;
-    const int64_t keys = a.start_pos + a.n_tokens;
-    const int64_t work = items * keys * a.head_dim * 2;
+    const TokenBatch& b = *a.batch;
+    const int64_t items = b.n_tokens * a.n_heads;
+    // Work of an item is proportional to its key count; slots get equal shares of it.
+    int64_t total_keys = 0;
+    for (int64_t t = 0; t < b.n_tokens; ++t) total_keys += b.positions[t] + 1;
+    const int64_t work = total_keys * a.n_heads * a.head_dim * 2;
     const int slots = (work < kParallelMinWork || pool_.size() == 1)
                           ? 1
                           : static_cast<int>(std::min<int64_t>(pool_.size(), items));
@@ -75,21 +92,34 @@ class CpuBackend final : public Backend {
       attend_items(a, 0, items, scores_[0].data());
       return;
     }
-    // One chunk of items per slot; slot s owns scores_[s] (parallel_for gives each index of
-    // [0, slots) to exactly one thread). One captured pointer keeps std::function from
-    // allocating.
+    // Slot s takes the items from the one where the running key count reaches total * s / slots.
+    // Any split gives the same results (items are independent).
+    bounds_[0] = 0;
+    int64_t seen = 0;
+    int next = 1;
+    for (int64_t t = 0; t < b.n_tokens && next < slots; ++t) {
+      const int64_t keys = b.positions[t] + 1;
+      for (int64_t h = 0; h < a.n_heads && next < slots; ++h) {
+        seen += keys;
+        while (next < slots && seen * slots >= total_keys * a.n_heads * next) {
+          bounds_[static_cast<size_t>(next++)] = t * a.n_heads + h + 1;
+        }
+      }
+    }
+    while (next <= slots) bounds_[static_cast<size_t>(next++)] = items;
+    bounds_[static_cast<size_t>(slots)] = items;
+    // Slot s owns scores_[s] (parallel_for gives each index of [0, slots) to exactly one
+    // thread). One captured pointer keeps std::function from allocating.
     struct Job {
       const AttentionArgs* args;
       std::vector<std::vector<float>>* scores;
-      int64_t items;
-      int64_t slots;
-    } job{&a, &scores_, items, slots};
+      const int64_t* bounds;
+    } job{&a, &scores_, bounds_.data()};
     const Job* j = &job;
-    pool_.parallel_for(slots, [j](int64_t b, int64_t e) {
-      for (int64_t s = b; s < e; ++s) {
-        const int64_t i0 = j->items * s / j->slots;
-        const int64_t i1 = j->items * (s + 1) / j->slots;
-        attend_items(*j->args, i0, i1, (*j->scores)[static_cast<size_t>(s)].data());
+    pool_.parallel_for(slots, [j](int64_t b0, int64_t e0) {
+      for (int64_t s = b0; s < e0; ++s) {
+        attend_items(*j->args, j->bounds[s], j->bounds[s + 1],
+                     (*j->scores)[static_cast<size_t>(s)].data());
       }
     });
   }
@@ -119,32 +149,42 @@ class CpuBackend final : public Backend {
   }
 
   // Attention for items [i0, i1) (item = token * n_heads + head). The query at position p
-  // reduces over keys 0..p in key order, whatever the chunk: scores by the fixed-order dot,
-  // a softmax over exactly p + 1 scores, V accumulated in key order.
+  // reduces over keys 0..p of its sequence in key order, block by block through the block table:
+  // scores by the fixed-order dot, a softmax over exactly p + 1 scores, V accumulated in key order.
   static void attend_items(const AttentionArgs& a, int64_t i0, int64_t i1, float* scores) {
+    const TokenBatch& b = *a.batch;
     const int64_t hd = a.head_dim;
     const int64_t q_stride = a.n_heads * hd;
-    const int64_t kv_stride = a.n_kv_heads * hd;
+    const int64_t kv_dim = a.kv.kv_dim;
+    const int64_t bs = a.kv.block_size;
     const int64_t group = a.n_heads / a.n_kv_heads;
     const float scale_div = std::sqrt(static_cast<float>(hd));
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t t = item / a.n_heads;
       const int64_t h = item % a.n_heads;
-      const int64_t n_keys = a.start_pos + t + 1;
+      const int64_t n_keys = b.positions[t] + 1;
+      const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t]];
       const float* q = a.q + t * q_stride + h * hd;
       const int64_t kv_off = (h / group) * hd;
-      for (int64_t j = 0; j < n_keys; ++j) {
-        scores[j] = cpu::dot_f32(q, a.k + j * kv_stride + kv_off, hd) / scale_div;
+      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+        const float* k = a.kv.k(a.layer, table[blk]) + kv_off;
+        const int64_t n = std::min(bs, n_keys - j0);
+        for (int64_t j = 0; j < n; ++j) scores[j0 + j] = cpu::dot_f32(q, k + j * kv_dim, hd) / scale_div;
       }
       cpu::softmax(scores, n_keys);
       float* out = a.out + t * q_stride + h * hd;
       std::fill(out, out + hd, 0.0f);
-      for (int64_t j = 0; j < n_keys; ++j) cpu::axpy(out, scores[j], a.v + j * kv_stride + kv_off, hd);
+      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+        const float* v = a.kv.k(a.layer, table[blk]) + bs * kv_dim + kv_off;
+        const int64_t n = std::min(bs, n_keys - j0);
+        for (int64_t j = 0; j < n; ++j) cpu::axpy(out, scores[j0 + j], v + j * kv_dim, hd);
+      }
     }
   }
 
   ThreadPool& pool_;
   std::vector<std::vector<float>> scores_;  // one per pool slot
+  std::vector<int64_t> bounds_;              // attention: first item of each slot, then the end
 };
 
 }  // namespace

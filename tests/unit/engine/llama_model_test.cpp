@@ -1,14 +1,19 @@
-// The Llama-family forward pass: agreement with a plain reference implementation on synthetic
-// models (GQA, RoPE styles and scalings, QKV bias, tied output, f32/f16/q8_0 weights), chunk
-// invariance bit for bit, GGUF vs HF loaders bit for bit, and errors.
+// The Llama-family forward pass over the paged KV pool: agreement with a plain reference
+// implementation on synthetic models (GQA, RoPE styles and scalings, QKV bias, tied output,
+// f32/f16/q8_0 weights), chunk invariance and batch invariance bit for bit (mixed prefill chunks
+// and decode tokens, shuffled block tables, block sizes 1/7/16, sub-batches), K/V in the pool
+// against the reference, per-layer hooks, GGUF vs HF loaders bit for bit, and errors.
 #include "cleave/engine/llama_model.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,16 +62,68 @@ std::vector<int32_t> test_prompt(int64_t n, int32_t vocab, int32_t first, uint32
   return t;
 }
 
-// Runs `tokens` in chunks of `chunk`; returns the logits after each chunk, keyed by the
-// position of the chunk's last token, and leaves the KV in `cache`.
+// One sequence's KV in a pool of its own: `positions` positions in blocks of `block_size`, the
+// table either in order or a random permutation of the pool's blocks (seeded).
+struct PagedSeq {
+  std::unique_ptr<KvBlockPool> kv;
+  std::vector<BlockId> table;
+};
+
+std::unique_ptr<KvBlockPool> make_pool(const LlamaModel& m, int64_t block_size, int64_t blocks) {
+  auto kv = KvBlockPool::create(m.kv_layout(block_size, blocks));
+  EXPECT_TRUE(kv.ok()) << kv.status().to_string();
+  return kv.ok() ? std::move(*kv) : nullptr;
+}
+
+std::vector<BlockId> shuffled_ids(int64_t n, uint32_t seed) {
+  std::vector<BlockId> ids(static_cast<size_t>(n));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  return ids;
+}
+
+PagedSeq make_seq(const LlamaModel& m, int64_t positions, int64_t block_size = 16,
+                  uint32_t shuffle_seed = 0) {
+  const int64_t blocks = (positions + block_size - 1) / block_size;
+  PagedSeq s;
+  // A few spare blocks so that a shuffled table is not simply a permutation of the whole pool.
+  const int64_t pool_blocks = blocks + (shuffle_seed != 0 ? 3 : 0);
+  s.kv = make_pool(m, block_size, pool_blocks);
+  if (shuffle_seed == 0) {
+    s.table.resize(static_cast<size_t>(blocks));
+    std::iota(s.table.begin(), s.table.end(), 0);
+  } else {
+    s.table = shuffled_ids(pool_blocks, shuffle_seed);
+    s.table.resize(static_cast<size_t>(blocks));
+  }
+  return s;
+}
+
+// K (or V) of positions [0, n) of `layer` read through `table`: [n, kv_dim] floats.
+std::vector<float> gather_kv(const KvBlockPool& kv, std::span<const BlockId> table, int64_t layer,
+                             int64_t n, bool v) {
+  const KvLayout& l = kv.layout();
+  std::vector<float> out(static_cast<size_t>(n * l.kv_dim()));
+  for (int64_t p = 0; p < n; ++p) {
+    const BlockId b = table[static_cast<size_t>(p / l.block_size)];
+    const float* src = (v ? kv.v(layer, b) : kv.k(layer, b)) + (p % l.block_size) * l.kv_dim();
+    std::memcpy(out.data() + p * l.kv_dim(), src, static_cast<size_t>(l.kv_dim()) * sizeof(float));
+  }
+  return out;
+}
+
+// Runs `tokens` in chunks of `chunk` through forward(); returns the logits after each chunk,
+// keyed by the position of the chunk's last token, and leaves the KV in `seq`.
 std::map<int64_t, std::vector<float>> run_chunked(LlamaModel& m, const std::vector<int32_t>& tokens,
-                                                  int64_t chunk, KvCache& cache) {
+                                                  int64_t chunk, PagedSeq& seq) {
   std::map<int64_t, std::vector<float>> out;
   const int64_t n = static_cast<int64_t>(tokens.size());
   for (int64_t s = 0; s < n; s += chunk) {
     const int64_t len = std::min(chunk, n - s);
     std::vector<float> logits(static_cast<size_t>(m.config().vocab_size));
-    Status st = m.forward(std::span<const int32_t>(tokens).subspan(s, len), s, cache, logits);
+    Status st = m.forward(std::span<const int32_t>(tokens).subspan(s, len), s, seq.table, *seq.kv,
+                          logits);
     EXPECT_TRUE(st.ok()) << st.to_string();
     out[s + len - 1] = std::move(logits);
   }
@@ -77,33 +134,159 @@ bool bits_equal(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
 
-// Logits of every chunk end and the whole KV cache are bit-identical to the token-by-token run,
-// for several chunk sizes, thread counts and internal batch sizes.
+// K and V of every layer of `a` and `b` (positions [0, n)) are bit-identical.
+void expect_same_kv(const PagedSeq& a, const PagedSeq& b, int64_t n) {
+  for (int64_t l = 0; l < a.kv->layout().n_layers; ++l) {
+    for (bool v : {false, true}) {
+      EXPECT_EQ(gather_kv(*a.kv, a.table, l, n, v), gather_kv(*b.kv, b.table, l, n, v))
+          << (v ? "V" : "K") << " of layer " << l;
+    }
+  }
+}
+
+// Logits of every chunk end and the whole KV are bit-identical to the token-by-token run, for
+// several chunk sizes, thread counts, internal batch sizes, block sizes and block tables.
 void expect_chunk_invariant(std::shared_ptr<const ModelFile> file,
                             const std::vector<int32_t>& tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   auto ref_model = make_model(file, 1);
   ASSERT_TRUE(ref_model);
-  KvCache ref_cache = ref_model->make_cache();
-  auto ref = run_chunked(*ref_model, tokens, 1, ref_cache);
-  const int64_t kv_dim = ref_cache.kv_dim();
+  PagedSeq ref_seq = make_seq(*ref_model, n);
+  auto ref = run_chunked(*ref_model, tokens, 1, ref_seq);
   const int64_t vocab = ref_model->config().vocab_size;
 
-  struct Case { int threads; int64_t max_batch; int64_t chunk; };
-  for (Case c : {Case{2, 0, 1}, Case{1, 0, 3}, Case{2, 0, 7}, Case{2, 0, n}, Case{1, 0, n},
-                 Case{2, 5, n}, Case{2, 4, 7}}) {
+  struct Case { int threads; int64_t max_batch; int64_t chunk; int64_t block_size; uint32_t shuffle; };
+  for (Case c : {Case{2, 0, 1, 16, 0}, Case{1, 0, 3, 7, 11}, Case{2, 0, 7, 1, 12},
+                 Case{2, 0, n, 16, 13}, Case{1, 0, n, 1, 0}, Case{2, 5, n, 7, 14},
+                 Case{2, 4, 7, 16, 15}, Case{2, 0, n, n, 0}}) {
     SCOPED_TRACE(testing::Message() << "threads " << c.threads << " max_batch " << c.max_batch
-                                    << " chunk " << c.chunk);
+                                    << " chunk " << c.chunk << " block size " << c.block_size
+                                    << " shuffle " << c.shuffle);
     auto m = make_model(file, c.threads, c.max_batch);
     ASSERT_TRUE(m);
-    KvCache cache = m->make_cache();
-    auto got = run_chunked(*m, tokens, c.chunk, cache);
+    PagedSeq seq = make_seq(*m, n, c.block_size, c.shuffle);
+    auto got = run_chunked(*m, tokens, c.chunk, seq);
     for (const auto& [pos, logits] : got) {
       EXPECT_TRUE(bits_equal(logits.data(), ref.at(pos).data(), vocab)) << "logits at " << pos;
     }
-    for (int64_t l = 0; l < cache.n_layers(); ++l) {
-      EXPECT_TRUE(bits_equal(cache.k(l, 0), ref_cache.k(l, 0), n * kv_dim)) << "K of layer " << l;
-      EXPECT_TRUE(bits_equal(cache.v(l, 0), ref_cache.v(l, 0), n * kv_dim)) << "V of layer " << l;
+    expect_same_kv(seq, ref_seq, n);
+  }
+}
+
+// ---- Batch invariance: many sequences in one forward_batch() against each run alone.
+
+struct SoloRun {
+  std::vector<int32_t> tokens;
+  std::map<int64_t, std::vector<float>> logits;  // after each position, token by token
+  PagedSeq seq;
+};
+
+// Sequences of mixed lengths run together, step after step: in each step every unfinished
+// sequence (bar a few skipped at random) brings a prefill chunk or a single decode token, in a
+// shuffled order, with block tables drawn at random from one shared pool. Every logits vector
+// and the final K/V of every sequence must equal the solo run's bit for bit.
+void expect_batch_invariant(std::shared_ptr<const ModelFile> file, int n_seqs, uint32_t seed) {
+  auto solo_model = make_model(file, 1);
+  ASSERT_TRUE(solo_model);
+  const auto vocab = static_cast<int32_t>(solo_model->config().vocab_size);
+  std::mt19937 rng(seed);
+  std::vector<SoloRun> solo(static_cast<size_t>(n_seqs));
+  for (int i = 0; i < n_seqs; ++i) {
+    const int64_t len = i == 0 ? 1 : 2 + static_cast<int64_t>(rng() % 38);
+    solo[i].tokens = test_prompt(len, vocab, 1, seed * 100 + static_cast<uint32_t>(i));
+    solo[i].seq = make_seq(*solo_model, len);
+    solo[i].logits = run_chunked(*solo_model, solo[i].tokens, 1, solo[i].seq);
+  }
+
+  struct Case { int threads; int64_t max_batch; int64_t block_size; };
+  for (Case c : {Case{2, 0, 16}, Case{2, 0, 7}, Case{1, 0, 1}, Case{2, 5, 7}, Case{2, 3, 1},
+                 Case{2, 16, 16}}) {
+    SCOPED_TRACE(testing::Message() << "threads " << c.threads << " max_batch " << c.max_batch
+                                    << " block size " << c.block_size);
+    auto m = make_model(file, c.threads, c.max_batch);
+    ASSERT_TRUE(m);
+    // Each sequence's blocks are drawn from a shuffled list of the pool's ids.
+    int64_t total_blocks = 0;
+    for (const SoloRun& r : solo)
+      total_blocks += (static_cast<int64_t>(r.tokens.size()) + c.block_size - 1) / c.block_size;
+    auto kv = make_pool(*m, c.block_size, total_blocks + 4);
+    ASSERT_TRUE(kv);
+    const std::vector<BlockId> ids = shuffled_ids(total_blocks + 4, seed + 1);
+    std::vector<std::vector<BlockId>> tables(static_cast<size_t>(n_seqs));
+    for (size_t next = 0, i = 0; next < static_cast<size_t>(total_blocks); i = (i + 1) % n_seqs) {
+      const auto need = (solo[i].tokens.size() + c.block_size - 1) / c.block_size;
+      if (tables[i].size() < need) tables[i].push_back(ids[next++]);  // interleaved
+    }
+
+    std::vector<int64_t> done(static_cast<size_t>(n_seqs), 0);
+    std::vector<std::vector<float>> logits(static_cast<size_t>(n_seqs),
+                                           std::vector<float>(static_cast<size_t>(vocab)));
+    int steps = 0, max_seqs_in_step = 0;
+    bool mixed_step = false;
+    for (;;) {
+      std::vector<BatchSequence> batch;
+      std::vector<int> who;
+      bool any_prefill = false, any_decode = false;
+      for (int i = 0; i < n_seqs; ++i) {
+        const auto len = static_cast<int64_t>(solo[i].tokens.size());
+        if (done[i] == len || (steps > 0 && rng() % 5 == 0)) continue;
+        // First step: a prefill chunk; later ones: mostly single decode tokens.
+        const int64_t chunk = done[i] == 0 || rng() % 4 == 0
+                                  ? 1 + static_cast<int64_t>(rng() % 12)
+                                  : 1;
+        const int64_t take = std::min(chunk, len - done[i]);
+        (take > 1 ? any_prefill : any_decode) = true;
+        const bool want_logits = rng() % 6 != 0;
+        batch.push_back(BatchSequence{
+            .tokens = std::span<const int32_t>(solo[i].tokens).subspan(done[i], take),
+            .start_pos = done[i],
+            .block_table = tables[i],
+            .logits = want_logits ? std::span<float>(logits[i]) : std::span<float>()});
+        who.push_back(i);
+      }
+      if (batch.empty()) {
+        if (std::all_of(done.begin(), done.end(), [&, i = 0](int64_t d) mutable {
+              return d == static_cast<int64_t>(solo[i++].tokens.size());
+            }))
+          break;
+        continue;
+      }
+      // Shuffle the batch order (tables and outputs travel with their sequence).
+      std::vector<size_t> order(batch.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      std::vector<BatchSequence> shuffled;
+      for (size_t o : order) shuffled.push_back(batch[o]);
+      for (int i : who) std::fill(logits[i].begin(), logits[i].end(), -1.0f);
+      Status st = m->forward_batch(shuffled, *kv);
+      ASSERT_TRUE(st.ok()) << st.to_string();
+      for (size_t b = 0; b < batch.size(); ++b) {
+        const int i = who[b];
+        const int64_t last = batch[b].start_pos + static_cast<int64_t>(batch[b].tokens.size()) - 1;
+        if (!batch[b].logits.empty()) {
+          EXPECT_TRUE(bits_equal(logits[i].data(), solo[i].logits.at(last).data(), vocab))
+              << "sequence " << i << " logits at position " << last << " (step " << steps << ")";
+        } else {
+          EXPECT_EQ(logits[i][0], -1.0f) << "logits written though none were asked for";
+        }
+        done[i] = last + 1;
+      }
+      max_seqs_in_step = std::max(max_seqs_in_step, static_cast<int>(batch.size()));
+      mixed_step = mixed_step || (any_prefill && any_decode);
+      ++steps;
+    }
+    EXPECT_GE(max_seqs_in_step, 8);
+    EXPECT_TRUE(mixed_step) << "no step mixed prefill chunks with decode tokens";
+    for (int i = 0; i < n_seqs; ++i) {
+      SCOPED_TRACE(testing::Message() << "sequence " << i);
+      const auto len = static_cast<int64_t>(solo[i].tokens.size());
+      for (int64_t l = 0; l < m->config().n_layers; ++l) {
+        for (bool v : {false, true}) {
+          EXPECT_EQ(gather_kv(*kv, tables[i], l, len, v),
+                    gather_kv(*solo[i].seq.kv, solo[i].seq.table, l, len, v))
+              << (v ? "V" : "K") << " of layer " << l;
+        }
+      }
     }
   }
 }
@@ -176,8 +359,12 @@ struct RefModel {
     }
   }
 
-  // Logits after each token, run one token at a time.
-  std::vector<std::vector<double>> run(const std::vector<int32_t>& tokens) const {
+  // K or V per layer, per position: [layer][pos][kv_dim].
+  using KvRows = std::vector<std::vector<std::vector<double>>>;
+
+  // Logits after each token, run one token at a time; K and V of every layer when asked.
+  std::vector<std::vector<double>> run(const std::vector<int32_t>& tokens, KvRows* k_out = nullptr,
+                                       KvRows* v_out = nullptr) const {
     const int64_t hd = c.head_dim, kvd = c.n_kv_heads * hd;
     const auto embd = mat("token_embd.weight");
     const auto out_w = f.tensor("output.weight") ? mat("output.weight") : embd;
@@ -229,6 +416,8 @@ struct RefModel {
       }
       all.push_back(matvec(out_w, rmsnorm(x, out_norm)));
     }
+    if (k_out != nullptr) *k_out = K;
+    if (v_out != nullptr) *v_out = V;
     return all;
   }
 };
@@ -329,9 +518,10 @@ TEST_P(SyntheticModelTest, MatchesReferenceImplementation) {
   auto m = make_model(file, 2);
   ASSERT_TRUE(m);
   const auto tokens = test_prompt(24, static_cast<int32_t>(c.vocab_size), 1, 3);
-  KvCache cache = m->make_cache();
-  auto got = run_chunked(*m, tokens, 1, cache);
-  auto want = RefModel{*file, c}.run(tokens);
+  PagedSeq seq = make_seq(*m, 24, 7, 21);
+  auto got = run_chunked(*m, tokens, 1, seq);
+  RefModel::KvRows want_k, want_v;
+  auto want = RefModel{*file, c}.run(tokens, &want_k, &want_v);
   for (size_t pos = 0; pos < tokens.size(); ++pos) {
     double max_ref = 0, max_err = 0;
     for (int64_t i = 0; i < c.vocab_size; ++i) {
@@ -340,6 +530,31 @@ TEST_P(SyntheticModelTest, MatchesReferenceImplementation) {
     }
     EXPECT_LT(max_err, 1e-4 * (1 + max_ref)) << "position " << pos;
   }
+  // K (after RoPE) and V in the pool, read through the shuffled block table, are the reference's.
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    for (bool v : {false, true}) {
+      const auto got_kv = gather_kv(*seq.kv, seq.table, l, 24, v);
+      const RefModel::KvRows& want_kv = v ? want_v : want_k;
+      double max_ref = 0, max_err = 0;
+      for (int64_t p = 0; p < 24; ++p) {
+        for (int64_t i = 0; i < kv_dim; ++i) {
+          max_ref = std::max(max_ref, std::fabs(want_kv[l][p][i]));
+          max_err = std::max(max_err, std::fabs(want_kv[l][p][i] - got_kv[p * kv_dim + i]));
+        }
+      }
+      EXPECT_GT(max_ref, 0.0);
+      EXPECT_LT(max_err, 1e-4 * (1 + max_ref)) << (v ? "V" : "K") << " of layer " << l;
+    }
+  }
+}
+
+TEST_P(SyntheticModelTest, BatchInvariantBitForBit) {
+  auto path = write_variant(GetParam());
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  auto file = load_or_fail(*path);
+  ASSERT_TRUE(file);
+  expect_batch_invariant(file, 9, 31);
 }
 
 TEST_P(SyntheticModelTest, ChunkInvariantBitForBit) {
@@ -364,8 +579,8 @@ TEST(SyntheticModel, ReferenceDetectsWrongRopeStyle) {
   auto m = make_model(file, 1);
   ASSERT_TRUE(m);
   const auto tokens = test_prompt(8, 300, 1, 3);
-  KvCache cache = m->make_cache();
-  auto got = run_chunked(*m, tokens, 1, cache);
+  PagedSeq seq = make_seq(*m, 8);
+  auto got = run_chunked(*m, tokens, 1, seq);
   auto want = RefModel{*file, wrong}.run(tokens);
   double max_err = 0;
   for (int64_t i = 0; i < 300; ++i) max_err = std::max(max_err, std::fabs(want[7][i] - got.at(7)[i]));
@@ -403,26 +618,100 @@ TEST_F(Stories260KTest, ChunkInvariantBitForBit) {
   expect_chunk_invariant(file_, test_prompt(41, 512, 1, 5));
 }
 
-TEST_F(Stories260KTest, ForwardRejectsBadInput) {
+TEST_F(Stories260KTest, BatchInvariantBitForBit) { expect_batch_invariant(file_, 10, 41); }
+
+// Every element of the pool is zero (nothing was written).
+bool pool_is_zero(const KvBlockPool& kv) {
+  const auto* p = reinterpret_cast<const unsigned char*>(kv.data());
+  return std::all_of(p, p + kv.size_bytes(), [](unsigned char c) { return c == 0; });
+}
+
+TEST_F(Stories260KTest, ForwardBatchRejectsBadInput) {
   auto m = make_model(file_, 1, 0, 16);
   ASSERT_TRUE(m);
-  KvCache cache = m->make_cache();
-  std::vector<float> logits(512);
-  std::vector<int32_t> ok{1, 2, 3};
-  EXPECT_EQ(m->forward({}, 0, cache, logits).code(), StatusCode::kInvalidArgument);
-  std::vector<int32_t> bad{1, 512};
-  EXPECT_EQ(m->forward(bad, 0, cache, logits).code(), StatusCode::kInvalidArgument);
-  std::vector<int32_t> neg{-1};
-  EXPECT_EQ(m->forward(neg, 0, cache, logits).code(), StatusCode::kInvalidArgument);
-  std::vector<float> small(511);
-  EXPECT_EQ(m->forward(ok, 0, cache, small).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(m->forward(ok, 14, cache, logits).code(), StatusCode::kOutOfRange);
-  EXPECT_EQ(m->forward(ok, -1, cache, logits).code(), StatusCode::kOutOfRange);
-  EXPECT_TRUE(m->forward(ok, 13, cache, logits).ok());
+  auto kv = make_pool(*m, 4, 6);
+  ASSERT_TRUE(kv);
+  std::vector<float> logits(512), small(511);
+  std::vector<int32_t> ok{1, 2, 3}, bad{1, 512}, neg{-1};
+  std::vector<BlockId> table{5, 2, 0, 1}, short_table{5}, out_of_pool{6}, negative_id{-1};
+  auto one = [&](std::span<const int32_t> tokens, int64_t start, std::span<const BlockId> t,
+                 std::span<float> l) {
+    const BatchSequence b{.tokens = tokens, .start_pos = start, .block_table = t, .logits = l};
+    return m->forward_batch(std::span<const BatchSequence>(&b, 1), *kv);
+  };
+  EXPECT_EQ(m->forward_batch({}, *kv).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one({}, 0, table, logits).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one(bad, 0, table, logits).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one(neg, 0, table, logits).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one(ok, 0, table, small).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one(ok, 14, table, logits).code(), StatusCode::kOutOfRange);   // context is 16
+  EXPECT_EQ(one(ok, -1, table, logits).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(one(ok, 2, short_table, logits).code(), StatusCode::kInvalidArgument);  // needs 2
+  EXPECT_EQ(one(ok, 0, out_of_pool, logits).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(one(ok, 0, negative_id, logits).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(m->forward(ok, 0, table, *kv, small).code(), StatusCode::kInvalidArgument);
+  // The message names the sequence and the problem.
+  const Status st = one(ok, 0, out_of_pool, logits);
+  EXPECT_NE(st.message().find("block id 6"), std::string::npos) << st.to_string();
+  // A bad sequence anywhere rejects the whole batch before anything is written.
+  const std::vector<BatchSequence> mixed{
+      {.tokens = ok, .start_pos = 0, .block_table = table, .logits = logits},
+      {.tokens = ok, .start_pos = 2, .block_table = short_table, .logits = {}}};
+  const Status second = m->forward_batch(mixed, *kv);
+  EXPECT_EQ(second.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(second.message().find("sequence 1"), std::string::npos) << second.to_string();
+  EXPECT_TRUE(pool_is_zero(*kv));
+  // A pool of another model's geometry.
   ModelConfig other_cfg = m->config();
   other_cfg.n_kv_heads = 2;
-  KvCache other(other_cfg, 16);
-  EXPECT_EQ(m->forward(ok, 0, other, logits).code(), StatusCode::kInvalidArgument);
+  auto other = KvBlockPool::create(KvLayout::for_model(other_cfg, 4, 6));
+  ASSERT_TRUE(other.ok()) << other.status().to_string();
+  EXPECT_EQ(m->forward(ok, 0, table, **other, logits).code(), StatusCode::kInvalidArgument);
+  // In range: the last positions of the context, and table entries past the need are ignored.
+  EXPECT_TRUE(one(ok, 13, table, logits).ok());
+  EXPECT_TRUE(one(ok, 0, std::vector<BlockId>{5, -7}, {}).ok());
+}
+
+// on_layer_done comes once per layer, in order, as soon as that layer's K/V of every token of
+// the batch is in the pool (and before the next layer's is), also when the batch runs as
+// several sub-batches.
+TEST_F(Stories260KTest, LayerHookSeesEachLayersKvInThePool) {
+  for (int64_t max_batch : {int64_t{0}, int64_t{4}}) {
+    SCOPED_TRACE(testing::Message() << "max_batch " << max_batch);
+    auto m = make_model(file_, 2, max_batch);
+    ASSERT_TRUE(m);
+    const auto a = test_prompt(9, 512, 1, 51), b = test_prompt(3, 512, 1, 52);
+    const std::vector<BlockId> ta{3, 0, 6}, tb{5};
+    std::vector<float> la(512), lb(512);
+    const std::vector<BatchSequence> batch{
+        {.tokens = a, .start_pos = 0, .block_table = ta, .logits = la},
+        {.tokens = b, .start_pos = 0, .block_table = tb, .logits = lb}};
+    auto want = make_pool(*m, 4, 8);
+    ASSERT_TRUE(want);
+    ASSERT_TRUE(m->forward_batch(batch, *want).ok());
+
+    auto kv = make_pool(*m, 4, 8);
+    ASSERT_TRUE(kv);
+    std::vector<int64_t> calls;
+    ForwardHooks hooks;
+    hooks.on_layer_done = [&](int64_t layer) {
+      calls.push_back(layer);
+      for (bool v : {false, true}) {
+        EXPECT_EQ(gather_kv(*kv, ta, layer, 9, v), gather_kv(*want, ta, layer, 9, v)) << layer;
+        EXPECT_EQ(gather_kv(*kv, tb, layer, 3, v), gather_kv(*want, tb, layer, 3, v)) << layer;
+      }
+      if (layer + 1 < m->config().n_layers) {  // the batch's last token is not there yet
+        const auto next = gather_kv(*kv, tb, layer + 1, 3, false);
+        EXPECT_TRUE(std::all_of(next.end() - m->config().n_kv_heads * m->config().head_dim,
+                                next.end(), [](float x) { return x == 0.0f; }))
+            << "layer " << layer + 1 << " written before layer " << layer << "'s hook";
+      }
+    };
+    ASSERT_TRUE(m->forward_batch(batch, *kv, hooks).ok());
+    std::vector<int64_t> want_calls(static_cast<size_t>(m->config().n_layers));
+    std::iota(want_calls.begin(), want_calls.end(), 0);
+    EXPECT_EQ(calls, want_calls);
+  }
 }
 
 // Both loaders give bit-identical logits: stories260K exported as an HF directory and loaded back.
@@ -440,9 +729,9 @@ void expect_gguf_and_hf_identical(const std::string& gguf_path, const std::strin
   auto m1 = make_model(gguf), m2 = make_model(hf);
   ASSERT_TRUE(m1 && m2);
   const auto tokens = test_prompt(33, static_cast<int32_t>(gguf->config().vocab_size), 1, 6);
-  KvCache c1 = m1->make_cache(), c2 = m2->make_cache();
-  auto l1 = run_chunked(*m1, tokens, 1, c1);
-  auto l2 = run_chunked(*m2, tokens, 1, c2);
+  PagedSeq s1 = make_seq(*m1, 33), s2 = make_seq(*m2, 33);
+  auto l1 = run_chunked(*m1, tokens, 1, s1);
+  auto l2 = run_chunked(*m2, tokens, 1, s2);
   for (const auto& [pos, logits] : l1) {
     EXPECT_TRUE(bits_equal(logits.data(), l2.at(pos).data(), gguf->config().vocab_size))
         << "logits at position " << pos;
