@@ -38,6 +38,8 @@ struct Figures {
   double decode_tok_s = 0;
   uint64_t weight_bytes_per_token = 0;
   double copy_bytes_per_s = 0;
+  double read_bytes_per_s = 0;
+  double read_floor_tok_s = 0;
   double floor_tok_s = 0;
   double decode_over_floor = 0;
 };
@@ -118,8 +120,9 @@ cleave::Status run(const Options& o, Figures& f) {
   std::vector<float> logits(static_cast<size_t>(cfg.vocab_size));
 
   // Same threads as the model, measured while the model is idle.
-  const auto copy = cleave::bench::measure_copy_bandwidth(model->pool());
-  f.copy_bytes_per_s = copy.bytes_per_s;
+  const auto bw = cleave::bench::measure_bandwidth(model->pool());
+  f.copy_bytes_per_s = bw.copy_bytes_per_s;
+  f.read_bytes_per_s = bw.read_bytes_per_s;
 
   // One sequence in a pool of its own, blocks in order (the layout a fresh pool hands out).
   constexpr int64_t kBlockSize = 16;
@@ -150,6 +153,7 @@ cleave::Status run(const Options& o, Figures& f) {
   f.weight_bytes_per_token = model->weight_bytes_per_token();
   f.floor_tok_s = f.copy_bytes_per_s / static_cast<double>(f.weight_bytes_per_token);
   f.decode_over_floor = f.decode_tok_s / f.floor_tok_s;
+  f.read_floor_tok_s = f.read_bytes_per_s / static_cast<double>(f.weight_bytes_per_token);
 
   fmt::print("model:                 {}\n", o.model);
   fmt::print("kernels / threads:     {} / {}\n", cleave::cpu::kernel_isa(), model->pool().size());
@@ -158,9 +162,13 @@ cleave::Status run(const Options& o, Figures& f) {
   fmt::print("decode:                {:.1f} tok/s ({} tokens)\n", f.decode_tok_s, o.gen_tokens);
   fmt::print("weight bytes / token:  {} ({:.1f} MiB)\n", f.weight_bytes_per_token,
              static_cast<double>(f.weight_bytes_per_token) / (1 << 20));
-  fmt::print("copy bandwidth:        {:.2f} GB/s (read+write)\n", f.copy_bytes_per_s / 1e9);
-  fmt::print("bandwidth floor:       {:.1f} tok/s\n", f.floor_tok_s);
+  fmt::print("copy bandwidth:        {:.2f} GB/s (bytes copied per second)\n", f.copy_bytes_per_s / 1e9);
+  fmt::print("bandwidth floor:       {:.1f} tok/s (copy bandwidth / weight bytes per token)\n",
+             f.floor_tok_s);
   fmt::print("decode / floor:        {:.3f}\n", f.decode_over_floor);
+  fmt::print("read bandwidth:        {:.2f} GB/s (streaming read; stricter floor {:.1f} tok/s, "
+             "decode / read floor {:.3f})\n",
+             f.read_bytes_per_s / 1e9, f.read_floor_tok_s, f.decode_tok_s / f.read_floor_tok_s);
 
   if (!o.json.empty()) {
     std::FILE* out = std::fopen(o.json.c_str(), "w");
@@ -170,11 +178,11 @@ cleave::Status run(const Options& o, Figures& f) {
                "\"gen_tokens\": {}, \"load_seconds\": {:.6f}, \"prefill_tokens_per_s\": {:.3f}, "
                "\"decode_tokens_per_s\": {:.3f}, \"weight_bytes_per_token\": {}, "
                "\"copy_bandwidth_bytes_per_s\": {:.0f}, \"bandwidth_floor_tokens_per_s\": {:.3f}, "
-               "\"decode_over_floor\": {:.4f}}}\n",
+               "\"decode_over_floor\": {:.4f}, \"read_bandwidth_bytes_per_s\": {:.0f}}}\n",
                json_string(o.model), cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
                o.gen_tokens, f.load_s, f.prefill_tok_s, f.decode_tok_s,
                f.weight_bytes_per_token, f.copy_bytes_per_s, f.floor_tok_s,
-               f.decode_over_floor);
+               f.decode_over_floor, f.read_bytes_per_s);
     const bool ok = std::fclose(out) == 0;
     if (!ok) return cleave::InvalidArgument("cannot write --json file " + o.json);
   }

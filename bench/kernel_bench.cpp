@@ -73,10 +73,11 @@ int main(int argc, char** argv) {
     }
   }
   cleave::ThreadPool pool(threads, "bench");
-  const auto copy = cleave::bench::measure_copy_bandwidth(pool);
+  const auto bw = cleave::bench::measure_bandwidth(pool);
   fmt::print("kernels: {}   threads: {}\n", cleave::cpu::kernel_isa(), pool.size());
-  fmt::print("copy bandwidth: {:.2f} GB/s (read+write, {} MiB buffer, best of 7)\n",
-             copy.bytes_per_s / 1e9, copy.buffer_bytes >> 20);
+  fmt::print("copy bandwidth: {:.2f} GB/s copied, read bandwidth {:.2f} GB/s ({} MiB buffer, "
+             "best of 7)\n",
+             bw.copy_bytes_per_s / 1e9, bw.read_bytes_per_s / 1e9, bw.buffer_bytes >> 20);
 
   const uint64_t stream_target = uint64_t{256} << 20;  // bytes per pass, >> LLC
   // The last shape fits in L2: its rate is the kernel's compute limit, not memory's.
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
       }
       const double gflops = 2.0 * s.rows * s.cols * tokens / best_prefill / 1e9;
       fmt::print("{:<6} {:>5}x{:<5} {:>10.2f} {:>12.3f} {:>10.1f}   {:>16.1f}{}\n",
-                 cleave::dtype_name(dtype), s.rows, s.cols, gbps / 1e9, gbps / copy.bytes_per_s,
+                 cleave::dtype_name(dtype), s.rows, s.cols, gbps / 1e9, gbps / bw.copy_bytes_per_s,
                  best * 1e6, gflops, in_cache ? "   (in L2: compute limit)" : "");
     }
   }

@@ -1,0 +1,398 @@
+// The engine thread: queue draining, one scheduled forward_batch per step, sampling and
+// streaming with the same stop handling as Generator (src/engine/generator.cpp).
+#include "cleave/worker/engine_loop.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "cleave/common/log.h"
+#include "cleave/common/thread_pool.h"
+#include "fmt/format.h"
+
+namespace cleave {
+namespace {
+
+bool contains(const std::vector<int32_t>& ids, int32_t id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+struct EngineLoop::RequestState {
+  RequestState(RequestId rid, SamplingParams p, EngineEventCallback cb, const Tokenizer& tok)
+      : id(rid), params(std::move(p)), on_event(std::move(cb)), decoder(tok), stops(params.stop) {}
+  RequestId id;
+  SamplingParams params;
+  EngineEventCallback on_event;
+  std::vector<int32_t> end_ids;  // ends generation; suppressed before min_tokens
+  StreamDecoder decoder;
+  StopMatcher stops;
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = -1;  // set at the first admission
+  int64_t generated = 0;
+};
+
+Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaModel> model,
+                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                       const EngineLoopOptions& opts) {
+  if (!model) return InvalidArgument("engine loop: no model");
+  if (!tokenizer) return InvalidArgument("engine loop: no tokenizer");
+  CLEAVE_RETURN_IF_ERROR(opts.scheduler.validate());
+  if (opts.block_size < 1) {
+    return InvalidArgument(
+        fmt::format("engine loop: block_size is {}, it must be at least 1", opts.block_size));
+  }
+  int64_t blocks = opts.num_blocks;
+  if (blocks <= 0) {
+    const KvLayout one = model->kv_layout(opts.block_size, 1);
+    const uint64_t per_block = one.block_bytes() * static_cast<uint64_t>(one.n_layers);
+    blocks = per_block == 0 ? 0 : static_cast<int64_t>(opts.kv_cache_bytes / per_block);
+    if (blocks <= 0) {
+      return InvalidArgument(fmt::format(
+          "engine loop: a KV cache budget of {} bytes holds no block of {} tokens for this model "
+          "(raise kv_cache_bytes or set num_blocks)",
+          opts.kv_cache_bytes, opts.block_size));
+    }
+  }
+  CLEAVE_ASSIGN_OR_RETURN(auto pool,
+                          KvBlockPool::create(model->kv_layout(opts.block_size, blocks)));
+  std::unique_ptr<EngineLoop> loop(
+      new EngineLoop(std::move(model), std::move(tokenizer), std::move(pool), opts));
+  loop->thread_ = std::thread([l = loop.get()] { l->run(); });
+  return loop;
+}
+
+EngineLoop::EngineLoop(std::unique_ptr<LlamaModel> model,
+                       std::shared_ptr<const Tokenizer> tokenizer,
+                       std::unique_ptr<KvBlockPool> pool, const EngineLoopOptions& opts)
+    : model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      pool_(std::move(pool)),
+      opts_(opts),
+      scheduler_(*pool_, opts.scheduler),
+      vocab_(model_->config().vocab_size),
+      context_(model_->max_context()) {
+  for (int32_t id = 0; id < vocab_; ++id) {
+    if (tokenizer_->is_end_of_generation(id)) eos_ids_.push_back(id);
+  }
+  const auto rows = static_cast<size_t>(opts_.scheduler.max_num_seqs);
+  batch_.reserve(rows);
+  logits_.assign(rows * static_cast<size_t>(vocab_), 0.0f);
+  plan_.chunks.reserve(rows);
+  publish_stats();
+}
+
+EngineLoop::~EngineLoop() { shutdown(); }
+
+void EngineLoop::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {
+  const auto& prompt = request.prompt;
+  if (prompt.empty()) {
+    return InvalidArgument(fmt::format("request {}: the prompt has no tokens (add BOS)", request.id));
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= vocab_) {
+      return InvalidArgument(fmt::format(
+          "request {}: prompt token {} at index {} is outside the vocabulary [0, {})", request.id,
+          prompt[i], i, vocab_));
+    }
+  }
+  if (static_cast<int64_t>(prompt.size()) > context_) {
+    return OutOfRange(fmt::format("request {}: the prompt has {} tokens, the context holds {}",
+                                  request.id, prompt.size(), context_));
+  }
+  CLEAVE_RETURN_IF_ERROR(
+      request.params.validate(static_cast<int32_t>(vocab_)).with_context(fmt::format("request {}", request.id)));
+  const int64_t bs = pool_->layout().block_size;
+  const int64_t need = (static_cast<int64_t>(prompt.size()) + bs - 1) / bs;
+  if (need > pool_->total_blocks()) {
+    return ResourceExhausted(fmt::format(
+        "request {}: the prompt has {} tokens and needs {} KV blocks of {} tokens; the pool has "
+        "{} blocks in all (raise the KV cache size)",
+        request.id, prompt.size(), need, bs, pool_->total_blocks()));
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_) return Unavailable(fmt::format("request {}: the engine is shutting down", request.id));
+    if (!in_flight_.insert(request.id).second) {
+      return AlreadyExists(fmt::format("request id {} is already in flight", request.id));
+    }
+    incoming_.push_back(Submission{std::move(request), std::move(on_event)});
+    idle_ = false;
+    ++published_.requests_submitted;
+  }
+  work_cv_.notify_one();
+  return Status::Ok();
+}
+
+bool EngineLoop::cancel(RequestId id) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (in_flight_.count(id) == 0) return false;
+    cancels_.push_back(id);
+  }
+  work_cv_.notify_one();
+  return true;
+}
+
+EngineStats EngineLoop::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  EngineStats s = published_;
+  s.waiting += static_cast<int64_t>(incoming_.size());
+  return s;
+}
+
+bool EngineLoop::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  return idle_cv_.wait_for(lk, timeout, [&] {
+    return (idle_ && incoming_.empty() && in_flight_.empty()) || stopped_;
+  });
+}
+
+void EngineLoop::publish_stats() {
+  const bool idle = requests_.empty() && scheduler_.idle();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    const uint64_t submitted = published_.requests_submitted;
+    published_ = local_stats_;
+    published_.requests_submitted = submitted;
+    published_.running = scheduler_.num_running();
+    published_.waiting = scheduler_.num_waiting();
+    published_.blocks_total = pool_->total_blocks();
+    published_.blocks_free = pool_->free_blocks();
+    published_.blocks_cached = pool_->cached_blocks();
+    published_.blocks_used = pool_->used_blocks();
+    published_.scheduler = scheduler_.counters();
+    published_.evictions = pool_->evictions();
+    if (idle && incoming_.empty()) idle_ = true;
+  }
+  idle_cv_.notify_all();
+}
+
+void EngineLoop::run() {
+  set_thread_name(opts_.thread_name);
+  std::vector<Submission> incoming;
+  std::vector<RequestId> cancels;
+  for (;;) {
+    bool stopping = false;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      work_cv_.wait(lk, [&] {
+        return stopping_ || !incoming_.empty() || !cancels_.empty() || !requests_.empty();
+      });
+      incoming.swap(incoming_);
+      cancels.swap(cancels_);
+      stopping = stopping_;
+    }
+    for (Submission& s : incoming) admit(std::move(s.request), std::move(s.on_event));
+    incoming.clear();
+    for (RequestId id : cancels) cancel_now(id);
+    cancels.clear();
+    if (stopping) {
+      std::vector<RequestId> ids;
+      for (const auto& [id, r] : requests_) ids.push_back(id);
+      std::sort(ids.begin(), ids.end());
+      for (RequestId id : ids) fail(id, Unavailable("the engine is shutting down"));
+      publish_stats();
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        stopped_ = true;
+      }
+      idle_cv_.notify_all();
+      return;
+    }
+    if (!scheduler_.idle()) step();
+    publish_stats();
+  }
+}
+
+void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb) {
+  auto r = std::make_unique<RequestState>(req.id, std::move(req.params), std::move(cb), *tokenizer_);
+  r->prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  r->end_ids = r->params.stop_token_ids;
+  if (!r->params.ignore_eos) {
+    for (int32_t id : eos_ids_)
+      if (!contains(r->end_ids, id)) r->end_ids.push_back(id);
+  }
+  // As Generator: the decoder strips the leading space of its first piece, which is right only
+  // after BOS; otherwise it is primed with the last prompt token, whose text is not output.
+  if (req.prompt.back() != tokenizer_->bos_id()) (void)r->decoder.push(req.prompt.back());
+  const RequestId id = req.id;
+  const Status added = scheduler_.add(id, std::move(req.prompt));
+  requests_.emplace(id, std::move(r));
+  if (!added.ok()) fail(id, added);
+}
+
+void EngineLoop::cancel_now(RequestId id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;  // already finished
+  EngineEvent ev;
+  ev.finish_reason = FinishReason::kCancelled;
+  finish(*it->second, ev);
+}
+
+void EngineLoop::step() {
+  scheduler_.schedule(plan_);
+  for (const FailedSequence& f : plan_.failed) {
+    fail(f.id, ResourceExhausted(fmt::format(
+                   "request {} has {} tokens (prompt and generated) and needs {} KV blocks of {} "
+                   "tokens; the pool has {} in all (raise the KV cache size or lower max_tokens)",
+                   f.id, f.num_tokens, f.blocks_needed, pool_->layout().block_size,
+                   pool_->total_blocks())));
+  }
+  if (plan_.empty()) return;
+
+  batch_.clear();
+  size_t row = 0;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    std::span<float> logits;
+    if (c.samples) {
+      logits = std::span<float>(logits_).subspan(row * static_cast<size_t>(vocab_),
+                                                 static_cast<size_t>(vocab_));
+      ++row;
+    }
+    batch_.push_back(BatchSequence{c.tokens(), c.start_pos, c.seq->block_table, logits});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = model_->forward_batch(batch_, *pool_);
+  local_stats_.forward_seconds += seconds_since(t0);
+  ++local_stats_.forward_passes;
+  if (!st.ok()) {
+    log::error("engine: forward pass over {} sequences ({} tokens) failed: {}", plan_.chunks.size(),
+               plan_.num_tokens, st.to_string());
+    std::vector<SequenceId> ids;
+    for (const ScheduledChunk& c : plan_.chunks) ids.push_back(c.seq->id);
+    for (SequenceId id : ids) fail(id, st);
+    return;
+  }
+  scheduler_.complete(plan_);
+
+  row = 0;
+  for (const ScheduledChunk& c : plan_.chunks) {
+    auto it = requests_.find(c.seq->id);
+    if (it == requests_.end()) continue;
+    RequestState& r = *it->second;
+    if (r.cached_prompt_tokens < 0) r.cached_prompt_tokens = c.seq->num_cached_prompt_tokens;
+    if (!c.samples) continue;
+    std::span<float> logits = std::span<float>(logits_).subspan(
+        row * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_));
+    ++row;
+    sample_and_stream(r, *c.seq, logits);  // may finish r and its sequence: touch neither after
+  }
+}
+
+void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::span<float> logits) {
+  const SamplingParams& p = r.params;
+  const std::span<const int32_t> all(seq.tokens);
+  const std::span<const int32_t> prompt = all.first(static_cast<size_t>(seq.prompt_len));
+  const std::span<const int32_t> generated = all.subspan(static_cast<size_t>(seq.prompt_len));
+  const int64_t pos = static_cast<int64_t>(all.size());
+  const bool before_min = static_cast<int32_t>(generated.size()) < p.min_tokens;
+
+  EngineEvent ev;
+  ev.id = r.id;
+  ev.has_token = true;
+  ev.sample = sample_token(logits, p, prompt, generated, static_cast<uint64_t>(pos),
+                           before_min ? std::span<const int32_t>(r.end_ids)
+                                      : std::span<const int32_t>());
+  ev.token = ev.sample.token;
+  r.generated = static_cast<int64_t>(generated.size()) + 1;
+  ++local_stats_.tokens_generated;
+
+  const bool end_token = contains(r.end_ids, ev.token);
+  bool ending = end_token;
+  if (end_token) {
+    ev.finish_reason = FinishReason::kStop;
+  } else if (r.generated >= p.max_tokens || pos >= context_) {
+    ev.finish_reason = FinishReason::kLength;
+    ending = true;
+  }
+  StopMatcher::Update upd = r.stops.push(end_token ? std::string() : r.decoder.push(ev.token));
+  ev.text = std::move(upd.emit);
+  if (upd.stopped) {
+    ev.finish_reason = FinishReason::kStop;
+    ev.stop_string = upd.matched;
+    ending = true;
+  } else if (ending) {
+    StopMatcher::Update tail = r.stops.push(r.decoder.flush());
+    ev.text += tail.emit;
+    if (tail.stopped) {
+      ev.finish_reason = FinishReason::kStop;
+      ev.stop_string = tail.matched;
+    } else {
+      ev.text += r.stops.flush();
+    }
+  }
+  if (ending) {
+    finish(r, ev);
+    return;
+  }
+  const Status appended = scheduler_.append_token(r.id, ev.token);
+  if (!appended.ok()) {
+    fail(r.id, Internal(appended.message()));
+    return;
+  }
+  deliver(r, ev);
+}
+
+void EngineLoop::finish(RequestState& r, EngineEvent& ev) {
+  const RequestId id = r.id;
+  ev.id = id;
+  ev.finished = true;
+  ev.prompt_tokens = r.prompt_tokens;
+  ev.cached_prompt_tokens = std::max<int64_t>(0, r.cached_prompt_tokens);
+  ev.generated_tokens = r.generated;
+  if (const Sequence* seq = scheduler_.find(id)) ev.preemptions = seq->preemptions;
+  (void)scheduler_.finish(id);  // blocks back before the event goes out
+  if (!ev.error.ok()) {
+    ++local_stats_.requests_failed;
+  } else if (ev.finish_reason == FinishReason::kCancelled) {
+    ++local_stats_.requests_cancelled;
+  } else {
+    ++local_stats_.requests_finished;
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    in_flight_.erase(id);
+  }
+  auto it = requests_.find(id);
+  std::unique_ptr<RequestState> owned = std::move(it->second);
+  requests_.erase(it);
+  deliver(*owned, ev);
+}
+
+void EngineLoop::fail(RequestId id, const Status& error) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  if (error.code() != StatusCode::kUnavailable) {
+    log::warn("engine: request {} failed: {}", id, error.to_string());
+  }
+  EngineEvent ev;
+  ev.error = error;
+  finish(*it->second, ev);
+}
+
+void EngineLoop::deliver(RequestState& r, const EngineEvent& ev) {
+  if (!r.on_event) return;
+  try {
+    r.on_event(ev);
+  } catch (const std::exception& e) {
+    log::error("engine: the event callback of request {} threw: {}", r.id, e.what());
+  } catch (...) {
+    log::error("engine: the event callback of request {} threw", r.id);
+  }
+}
+
+}  // namespace cleave
