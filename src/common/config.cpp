@@ -276,6 +276,9 @@ void register_settings(Config& c, SettingsRegistry& r) {
              "Post writes with FI_DELIVERY_COMPLETE where the provider accepts it.");
   r.add_bool("transfer.hmem", &c.transfer.hmem,
              "Ask for FI_HMEM (GPU memory registration) when built with CUDA.");
+  r.add_int("transfer.idle_poll_us", &c.transfer.idle_poll_us,
+            "Microseconds a rail keeps polling after its last activity before it naps (shm: "
+            "targets complete incoming writes only while polling).", 0, 10000000);
 }
 
 Status load_config(SettingsRegistry& registry, const std::string& file,

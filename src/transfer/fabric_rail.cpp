@@ -1,6 +1,9 @@
 // One rail: an RDM endpoint, its completion queue and address vector, the buffers for notices,
 // and the progress thread. Progress is made by whoever holds the rail's progress lock.
 #include <pthread.h>
+#include <signal.h>
+
+#include <cerrno>
 
 #include <cstring>
 
@@ -30,17 +33,59 @@ bool is_connection_error(int err) {
   }
 }
 
+int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 }  // namespace
+
+// Stamps the progress lock's holder for busy_for(); constructed right after taking the lock.
+class FabricRail::Held {
+ public:
+  explicit Held(FabricRail* rail) : rail_(rail) {
+    rail_->held_since_ns_.store(steady_ns(Clock::now()), std::memory_order_relaxed);
+  }
+  ~Held() { rail_->held_since_ns_.store(0, std::memory_order_relaxed); }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+  FabricRail* rail_;
+};
+
+bool PeerRecord::alive() const {
+  if (!same_host || pid <= 0) return true;
+  return ::kill(pid, 0) == 0 || errno != ESRCH;
+}
 
 FabricRail::FabricRail(int index, fid_fabric* fabric, fid_domain* domain, fi_info* info,
                        const TransferSettings& settings, MetricsCounters* metrics,
                        bool delivery_complete, std::function<void(const Notice&)> on_notice)
     : index_(index), fabric_(fabric), domain_(domain), info_(info), settings_(settings),
-      metrics_(metrics), delivery_complete_(delivery_complete), on_notice_(std::move(on_notice)) {}
+      metrics_(metrics), delivery_complete_(delivery_complete),
+      leak_on_reopen_(std::strncmp(info->fabric_attr->prov_name, "shm", 3) == 0),
+      on_notice_(std::move(on_notice)) {}
 
 FabricRail::~FabricRail() {
   (void)stop();
-  close_endpoint();
+  bool dead_peer = false;
+  for (auto& [key, slot] : peers_) {
+    auto peer = slot.peer.lock();
+    if (peer && slot.addr != FI_ADDR_NOTAVAIL && (peer->unreachable.load() || !peer->alive())) {
+      dead_peer = true;
+    }
+  }
+  if (leak_on_reopen_ && dead_peer) {
+    leak_endpoint();
+  } else {
+    close_endpoint();
+  }
+  if (!leaked_.empty()) {
+    // The leaked endpoints still reference the notice buffers and contexts: keep them.
+    log::warn("transfer rail {} ({}): {} endpoint(s) left open on purpose (their AV held a peer "
+              "that died)", index_, provider_name(), leaked_.size());
+    return;
+  }
   for (OpContext* op : recv_ops_) delete op;
   if (recv_mr_) fi_close(&recv_mr_->fid);
   if (send_mr_) fi_close(&send_mr_->fid);
@@ -69,7 +114,7 @@ Status FabricRail::open(uint64_t engine_id, uint64_t (*next_key)(void*), void* k
     op->slot = i;
     recv_ops_.push_back(op);
   }
-  std::lock_guard<std::mutex> lock(progress_mu_);
+  std::lock_guard<std::timed_mutex> lock(progress_mu_);
   return open_endpoint();
 }
 
@@ -106,6 +151,19 @@ Status FabricRail::open_endpoint() {
   if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_ep_bind(cq)", index_), rc));
   rc = fi_ep_bind(ep_, &av_->fid, 0);
   if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_ep_bind(av)", index_), rc));
+  if (info_->caps & FI_RMA_EVENT) {
+    fi_cntr_attr cattr{};
+    cattr.events = FI_CNTR_EVENTS_COMP;
+    cattr.wait_obj = FI_WAIT_NONE;
+    rc = fi_cntr_open(domain_, &cattr, &remote_writes_, nullptr);
+    if (rc == 0) rc = fi_ep_bind(ep_, &remote_writes_->fid, FI_REMOTE_WRITE);
+    if (rc) {
+      log::warn("rail {}: no remote-write counter ({}); an idle target naps between polls",
+                index_, fi_strerror(-rc));
+      if (remote_writes_) fi_close(&remote_writes_->fid);
+      remote_writes_ = nullptr;
+    }
+  }
   rc = fi_enable(ep_);
   if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_enable", index_), rc));
 
@@ -113,7 +171,10 @@ Status FabricRail::open_endpoint() {
   size_t len = sizeof(name);
   rc = fi_getname(&ep_->fid, name, &len);
   if (rc) return Internal(fabric_error(fmt::format("rail {}: fi_getname", index_), rc));
-  name_.assign(name, len);
+  {
+    std::lock_guard<std::mutex> nlock(name_mu_);
+    name_.assign(name, len);
+  }
 
   free_send_slots_.clear();
   for (int i = kSendSlots - 1; i >= 0; --i) free_send_slots_.push_back(i);
@@ -121,8 +182,18 @@ Status FabricRail::open_endpoint() {
   return Status::Ok();
 }
 
+void FabricRail::leak_endpoint() {
+  if (ep_ || av_ || cq_) leaked_.push_back({ep_, av_, cq_});
+  remote_writes_ = nullptr;  // bound to the leaked endpoint
+  ep_ = nullptr;
+  av_ = nullptr;
+  cq_ = nullptr;
+}
+
 void FabricRail::close_endpoint() {
   if (ep_) fi_close(&ep_->fid);
+  if (remote_writes_) fi_close(&remote_writes_->fid);
+  remote_writes_ = nullptr;
   if (av_) fi_close(&av_->fid);
   if (cq_) fi_close(&cq_->fid);
   ep_ = nullptr;
@@ -140,7 +211,13 @@ void FabricRail::reopen() {
   log::warn("transfer rail {} ({}): reopening the endpoint ({} operation(s) to unresponsive "
             "peers abandoned, {} live operation(s) re-posted)",
             index_, provider_name(), abandoned_.size(), inflight_.size());
-  close_endpoint();
+  // shm (1.17): closing the old AV unmaps every peer from it, which spins on the lock of a peer
+  // that died holding it and can crash a live peer that still reads our old region: leak it.
+  if (leak_on_reopen_) {
+    leak_endpoint();
+  } else {
+    close_endpoint();
+  }
   for (OpContext* op : abandoned_) free_op(op);
   abandoned_.clear();
   std::vector<RailWork> again;
@@ -167,15 +244,14 @@ void FabricRail::reopen() {
                s.message());
     close_endpoint();
   }
-  std::erase_if(peers_, [](const std::weak_ptr<PeerRecord>& w) { return w.expired(); });
-  for (auto& w : peers_) {
-    auto peer = w.lock();
+  std::erase_if(peers_, [](const auto& kv) { return kv.second.peer.expired(); });
+  for (auto& [key, slot] : peers_) {
+    auto peer = slot.peer.lock();
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
-    if (av_ && !peer->unreachable.load()) {
-      const std::string& n = peer->rail_names[static_cast<size_t>(index_)];
-      if (fi_av_insert(av_, n.data(), 1, &addr, 0, nullptr) != 1) addr = FI_ADDR_NOTAVAIL;
+    if (av_ && !peer->unreachable.load() && peer->alive()) {
+      if (fi_av_insert(av_, slot.name.data(), 1, &addr, 0, nullptr) != 1) addr = FI_ADDR_NOTAVAIL;
     }
-    peer->rail_addr[static_cast<size_t>(index_)] = addr;
+    slot.addr = addr;
   }
   for (auto it = again.rbegin(); it != again.rend(); ++it) ready_.push_front(std::move(*it));
 }
@@ -195,31 +271,39 @@ Status FabricRail::post_recv(int slot) {
 }
 
 std::string FabricRail::name() const {
-  std::lock_guard<std::mutex> lock(progress_mu_);
+  std::lock_guard<std::mutex> lock(name_mu_);
   return name_;
 }
 
+fi_addr_t FabricRail::addr_of(PeerRecord* peer) const {
+  auto it = peers_.find(peer);
+  return it == peers_.end() ? FI_ADDR_NOTAVAIL : it->second.addr;
+}
+
 Status FabricRail::insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name) {
-  std::lock_guard<std::mutex> lock(progress_mu_);
-  const size_t i = static_cast<size_t>(index_);
-  if (peer->rail_names[i] != name) {
-    peer->rail_names[i] = name;  // the AV keeps the stale entry; it is never used again
-    peer->rail_addr[i] = FI_ADDR_NOTAVAIL;
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::defer_lock);
+  if (stuck_.load() ||
+      !lock.try_lock_for(std::chrono::milliseconds(settings_.completion_timeout_ms))) {
+    return Unavailable(fmt::format("rail {} ({}) is stuck inside the provider; it is being "
+                                   "replaced, connect again", index_, provider_name()));
   }
-  if (peer->rail_addr[i] != FI_ADDR_NOTAVAIL) return Status::Ok();
+  Held held(this);
+  PeerSlot& slot = peers_[peer.get()];
+  if (slot.peer.expired() || slot.name != name) {
+    slot.peer = peer;
+    slot.name = name;  // the AV keeps a stale entry; it is never used again
+    slot.addr = FI_ADDR_NOTAVAIL;
+  }
+  if (slot.addr != FI_ADDR_NOTAVAIL) return Status::Ok();
   if (!av_) return Unavailable(fmt::format("rail {} is out of service (its reopen failed)", index_));
-  const std::string& n = peer->rail_names[i];
   fi_addr_t addr = FI_ADDR_NOTAVAIL;
-  int got = fi_av_insert(av_, n.data(), 1, &addr, 0, nullptr);
+  int got = fi_av_insert(av_, name.data(), 1, &addr, 0, nullptr);
   if (got != 1) {
     return Unavailable(fmt::format("rail {}: fi_av_insert of the address of peer {:016x} ({} "
-                                   "bytes) failed ({})", index_, peer->engine_id, n.size(),
+                                   "bytes) failed ({})", index_, peer->engine_id, name.size(),
                                    got < 0 ? fi_strerror(-got) : "0 inserted"));
   }
-  peer->rail_addr[i] = addr;
-  bool known = false;
-  for (auto& w : peers_) known |= w.lock() == peer;
-  if (!known) peers_.push_back(peer);
+  slot.addr = addr;
   return Status::Ok();
 }
 
@@ -239,7 +323,7 @@ bool FabricRail::stop() {
     wake_pending_ = true;
   }
   sleep_cv_.notify_one();
-  std::unique_lock<std::mutex> lock(progress_mu_, std::defer_lock);
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::defer_lock);
   if (lock.try_lock()) {
     if (cq_waitable_ && cq_) fi_cq_signal(cq_);
     lock.unlock();
@@ -264,13 +348,78 @@ void FabricRail::wake() {
     wake_pending_ = true;
   }
   sleep_cv_.notify_one();
-  std::lock_guard<std::mutex> lock(progress_mu_);
-  if (cq_waitable_ && cq_) fi_cq_signal(cq_);
+  // Never block here: a holder of the lock makes progress anyway (or is stuck).
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
+  if (lock.owns_lock() && cq_waitable_ && cq_) fi_cq_signal(cq_);
+}
+
+Clock::duration FabricRail::busy_for(Clock::time_point now) const {
+  int64_t since = held_since_ns_.load(std::memory_order_relaxed);
+  if (since == 0) return Clock::duration::zero();
+  return std::chrono::nanoseconds(std::max<int64_t>(0, steady_ns(now) - since));
+}
+
+std::shared_ptr<PeerRecord> FabricRail::posting_to() const {
+  std::lock_guard<std::mutex> lock(posting_mu_);
+  return posting_to_;
+}
+
+void FabricRail::track(const std::vector<RailWork>& work) {
+  // Called with tracked_mu_ held.
+  if (tracked_.size() > 4096) {
+    std::erase_if(tracked_, [](const std::weak_ptr<TransferState>& w) {
+      auto t = w.lock();
+      return !t || t->is_done();
+    });
+  }
+  const TransferState* last = nullptr;
+  for (const auto& w : work) {
+    if (w.transfer.get() == last) continue;
+    last = w.transfer.get();
+    tracked_.push_back(w.transfer);
+  }
+}
+
+std::vector<RailWork> FabricRail::declare_stuck(const std::string& why) {
+  std::vector<std::weak_ptr<TransferState>> victims;
+  std::vector<RailWork> untouched;
+  {
+    std::lock_guard<std::mutex> ilock(incoming_mu_);
+    std::lock_guard<std::mutex> lock(tracked_mu_);
+    stuck_.store(true);
+    victims.swap(tracked_);
+    for (auto& w : incoming_) untouched.push_back(std::move(w));
+    incoming_.clear();
+  }
+  stop_.store(true);
+  if (auto peer = posting_to()) peer->unreachable.store(true);
+  for (auto& w : victims) {
+    if (auto t = w.lock()) t->finish(Unavailable(why), TransferErrorKind::kTimeout);
+  }
+  std::erase_if(untouched, [](const RailWork& w) { return w.transfer->is_done(); });
+  return untouched;
 }
 
 void FabricRail::enqueue(std::vector<RailWork>&& work) {
-  std::unique_lock<std::mutex> lock(progress_mu_, std::try_to_lock);
+  {
+    std::lock_guard<std::mutex> tlock(tracked_mu_);
+    if (stuck_.load()) {
+      for (auto& w : work) {
+        w.transfer->finish(Unavailable(fmt::format("rail {} ({}) is stuck inside the provider "
+                                                   "and was replaced; submit again", index_,
+                                                   provider_name())),
+                           TransferErrorKind::kPostError);
+      }
+      return;
+    }
+  }
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (lock.owns_lock()) {
+    Held held(this);
+    {
+      std::lock_guard<std::mutex> tlock(tracked_mu_);
+      track(work);
+    }
     for (auto& w : work) ready_.push_back(std::move(w));
     post_ready();
     lock.unlock();
@@ -283,8 +432,9 @@ void FabricRail::enqueue(std::vector<RailWork>&& work) {
 }
 
 int FabricRail::try_progress() {
-  std::unique_lock<std::mutex> lock(progress_mu_, std::try_to_lock);
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return 0;
+  Held held(this);
   return progress_once();
 }
 
@@ -327,13 +477,22 @@ int FabricRail::post(RailWork& w, fi_addr_t dest) {
   msg.rma_iov_count = 1;
   msg.context = &op->ctx;
   uint64_t flags = FI_COMPLETION | (delivery_complete_ ? FI_DELIVERY_COMPLETE : 0);
+  {
+    std::lock_guard<std::mutex> plock(posting_mu_);
+    posting_to_ = w.transfer->peer;
+  }
   ssize_t rc = fi_writemsg(ep_, &msg, flags);
+  {
+    std::lock_guard<std::mutex> plock(posting_mu_);
+    posting_to_.reset();
+  }
   if (rc != 0) {
     free_op(op);
     return static_cast<int>(rc);
   }
   op->work = std::move(w);
   op->posted = Clock::now();
+  last_activity_ = op->posted;
   inflight_.insert(op);
   ++writes_inflight_;
   ++peer_inflight_[op->work.transfer->peer.get()];
@@ -347,6 +506,11 @@ void FabricRail::post_ready() {
   const size_t peer_cap = std::max<size_t>(1, depth_ * 3 / 4);
   PeerRecord* blocked_one = nullptr;  // the common case: one peer, no set needed
   std::unordered_set<PeerRecord*> blocked;
+  // A peer on this host is checked for life once per pass before anything is posted to it:
+  // posting to a dead shm peer can spin forever on a lock it died holding.
+  PeerRecord* checked_one = nullptr;
+  std::unordered_set<PeerRecord*> checked;
+  size_t posted_since_check = 0;
   size_t skipped = 0;
   for (auto it = ready_.begin(); it != ready_.end() && writes_inflight_ < depth_;) {
     RailWork& w = *it;
@@ -356,10 +520,17 @@ void FabricRail::post_ready() {
       continue;
     }
     PeerRecord* peer = t->peer.get();
+    if (peer->same_host && (posted_since_check >= 64 ||
+                            (peer != checked_one && !checked.count(peer)))) {
+      posted_since_check = 0;
+      if (!checked_one) checked_one = peer;
+      else checked.insert(peer);
+      if (!peer->alive()) peer->unreachable.store(true);
+    }
     if (peer->unreachable.load(std::memory_order_relaxed)) {
       t->finish(Unavailable(fmt::format("peer {:016x} is unreachable (an earlier transfer to it "
-                                        "failed); reconnect before sending again",
-                                        peer->engine_id)),
+                                        "failed, or its process (pid {}) has exited); reconnect "
+                                        "before sending again", peer->engine_id, peer->pid)),
                 TransferErrorKind::kPeerUnavailable);
       eagain_since_.erase(peer);
       it = ready_.erase(it);
@@ -377,7 +548,8 @@ void FabricRail::post_ready() {
     }
     int rc = peer_inflight_[peer] >= peer_cap
                  ? -FI_EAGAIN
-                 : post(w, peer->rail_addr[static_cast<size_t>(index_)]);
+                 : post(w, addr_of(peer));
+    ++posted_since_check;
     if (rc == -FI_EAGAIN) {  // progress (completions) frees credits; others may go on
       if (peer_inflight_[peer] < peer_cap) eagain_since_.try_emplace(peer, Clock::now());
       if (!blocked_one) blocked_one = peer;
@@ -406,6 +578,13 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
     pending_notices_.push_back(t);
     return;
   }
+  if (t->peer->unreachable.load() || !t->peer->alive()) {
+    t->peer->unreachable.store(true);
+    t->finish(Unavailable(fmt::format("notice {} not sent: peer {:016x} is unreachable (pid {})",
+                                      *t->notify_tag, t->peer->engine_id, t->peer->pid)),
+              TransferErrorKind::kPeerUnavailable);
+    return;
+  }
   int slot = free_send_slots_.back();
   char* buf = send_buf_.data() + static_cast<size_t>(slot) * kNoticeBytes;
   NoticeWire wire{kNoticeMagic, engine_id_, *t->notify_tag};
@@ -413,8 +592,16 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
   OpContext* op = new_op();
   op->kind = OpContext::Kind::kNotice;
   op->slot = slot;
-  ssize_t rc = fi_send(ep_, buf, sizeof(wire), fi_mr_desc(send_mr_),
-                       t->peer->rail_addr[static_cast<size_t>(index_)], &op->ctx);
+  {
+    std::lock_guard<std::mutex> plock(posting_mu_);
+    posting_to_ = t->peer;
+  }
+  ssize_t rc = fi_send(ep_, buf, sizeof(wire), fi_mr_desc(send_mr_), addr_of(t->peer.get()),
+                       &op->ctx);
+  {
+    std::lock_guard<std::mutex> plock(posting_mu_);
+    posting_to_.reset();
+  }
   if (rc == -FI_EAGAIN) {
     free_op(op);
     pending_notices_.push_back(t);
@@ -477,6 +664,7 @@ void FabricRail::finish_write(OpContext* op) {
 
 void FabricRail::handle_completion(OpContext* op, bool error, const std::string& error_text,
                                    int err) {
+  last_activity_ = Clock::now();
   if (op->kind == OpContext::Kind::kRecv) {
     if (!error) {
       NoticeWire wire;
@@ -564,31 +752,55 @@ int FabricRail::read_completions() {
   }
 }
 
+void FabricRail::abandon(OpContext* op, Status why, TransferErrorKind kind) {
+  inflight_.erase(op);
+  op->abandoned = true;
+  abandoned_.push_back(op);
+  reopen_wanted_ = true;
+  auto& t = op->work.transfer;
+  t->peer->unreachable.store(true);
+  t->finish(std::move(why), kind);
+}
+
 void FabricRail::check_timeouts() {
   auto now = Clock::now();
   if (now - last_timeout_check_ < std::chrono::milliseconds(5)) return;
   last_timeout_check_ = now;
   const auto bound = std::chrono::milliseconds(settings_.completion_timeout_ms);
-  std::vector<OpContext*> stuck;
+  std::vector<OpContext*> stuck, dead;
+  std::unordered_map<PeerRecord*, bool> alive;  // same-host peers with operations in flight
   for (OpContext* op : inflight_) {
+    PeerRecord* peer = op->work.transfer->peer.get();
+    if (peer->same_host) {
+      auto [it, fresh] = alive.try_emplace(peer, true);
+      if (fresh) it->second = peer->alive();
+      if (!it->second) {
+        dead.push_back(op);
+        continue;
+      }
+    }
     auto since = op->posted;
-    auto it = last_completion_.find(op->work.transfer->peer.get());
+    auto it = last_completion_.find(peer);
     if (it != last_completion_.end() && it->second > since) since = it->second;
     if (now - since > bound) stuck.push_back(op);
   }
-  for (OpContext* op : stuck) {
-    inflight_.erase(op);
-    op->abandoned = true;
-    abandoned_.push_back(op);
-    reopen_wanted_ = true;
+  for (OpContext* op : dead) {
     auto& t = op->work.transfer;
-    t->peer->unreachable.store(true);
-    t->finish(DeadlineExceeded(fmt::format(
-                  "peer {:016x} did not complete a {} within {} ms on rail {} ({}); the peer is "
-                  "marked unreachable",
-                  t->peer->engine_id, op->kind == OpContext::Kind::kWrite ? "write" : "notice",
-                  settings_.completion_timeout_ms, index_, provider_name())),
-              TransferErrorKind::kTimeout);
+    abandon(op, Unavailable(fmt::format("peer {:016x} (pid {} on this host) exited with a {} to it "
+                                        "in flight on rail {} ({}); the peer is marked "
+                                        "unreachable", t->peer->engine_id, t->peer->pid,
+                                        op->kind == OpContext::Kind::kWrite ? "write" : "notice",
+                                        index_, provider_name())),
+            TransferErrorKind::kPeerUnavailable);
+  }
+  for (OpContext* op : stuck) {
+    auto& t = op->work.transfer;
+    abandon(op, DeadlineExceeded(fmt::format(
+                    "peer {:016x} did not complete a {} within {} ms on rail {} ({}); the peer "
+                    "is marked unreachable",
+                    t->peer->engine_id, op->kind == OpContext::Kind::kWrite ? "write" : "notice",
+                    settings_.completion_timeout_ms, index_, provider_name())),
+            TransferErrorKind::kTimeout);
   }
   // A peer whose writes the provider keeps refusing with -FI_EAGAIN fails the same way.
   for (auto it = eagain_since_.begin(); it != eagain_since_.end();) {
@@ -613,6 +825,12 @@ void FabricRail::check_timeouts() {
 int FabricRail::progress_once() {
   {
     std::lock_guard<std::mutex> ilock(incoming_mu_);
+    if (!incoming_.empty()) {
+      // From here on the work is in state only the lock holder can reach: track it so that a
+      // declare_stuck() fails it (work still in incoming_ is handed to the replacement).
+      std::lock_guard<std::mutex> tlock(tracked_mu_);
+      track(std::vector<RailWork>(incoming_.begin(), incoming_.end()));
+    }
     while (!incoming_.empty()) {
       ready_.push_back(std::move(incoming_.front()));
       incoming_.pop_front();
@@ -637,21 +855,32 @@ int FabricRail::progress_once() {
 
 void FabricRail::run() {
   int idle_passes = 0;
+  const auto hot_window = std::chrono::microseconds(std::max<int64_t>(0, settings_.idle_poll_us));
   while (!stop_.load(std::memory_order_relaxed)) {
     int n;
     bool busy;
     uint64_t epoch = work_epoch_.load();
     {
-      std::lock_guard<std::mutex> lock(progress_mu_);
+      std::lock_guard<std::timed_mutex> lock(progress_mu_);
+      Held held(this);
       if (reopen_wanted_) {
         reopen_wanted_ = false;
         reopen();
       }
       n = progress_once();
       busy = has_work();
+      if (remote_writes_) {
+        uint64_t seen = fi_cntr_read(remote_writes_);
+        if (seen != remote_writes_seen_) {
+          remote_writes_seen_ = seen;
+          last_activity_ = Clock::now();
+        }
+      }
     }
+    auto now = Clock::now();
     if (n > 0) {
       idle_passes = 0;
+      last_activity_ = now;
       continue;
     }
     if (busy && ++idle_passes < 64) {
@@ -659,6 +888,13 @@ void FabricRail::run() {
       continue;
     }
     idle_passes = 0;
+    // Poll hot for a while after the last activity (posted or completed operation, received
+    // notice): a peer's next write usually follows soon, and providers with manual progress
+    // (shm) complete writes into this process only while it polls.
+    if (!cq_waitable_ && now - last_activity_ < hot_window) {
+      std::this_thread::yield();
+      continue;
+    }
     sleeping_.store(true);
     if (work_epoch_.load() != epoch) {
       sleeping_.store(false);
@@ -671,7 +907,8 @@ void FabricRail::run() {
       ssize_t got = fi_cq_sread(cq_, entries, 16, nullptr, busy ? 1 : 20);
       sleeping_.store(false);
       if (got > 0) {
-        std::lock_guard<std::mutex> lock(progress_mu_);
+        std::lock_guard<std::timed_mutex> lock(progress_mu_);
+        Held held(this);
         for (ssize_t i = 0; i < got; ++i) {
           handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
         }
@@ -686,9 +923,11 @@ void FabricRail::run() {
       sleeping_.store(false);
     }
   }
-  std::lock_guard<std::mutex> lock(progress_mu_);
-  for (OpContext* op : abandoned_) free_op(op);
-  abandoned_.clear();
+  if (!stuck_.load()) {
+    std::lock_guard<std::timed_mutex> lock(progress_mu_);
+    for (OpContext* op : abandoned_) free_op(op);
+    abandoned_.clear();
+  }
   exited_.store(true);
 }
 

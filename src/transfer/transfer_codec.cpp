@@ -1,6 +1,9 @@
 // Byte encodings of remote descriptors and engine addresses (little-endian, versioned), and
 // small shared helpers.
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 
 #include "fmt/format.h"
 #include "transfer_internal.h"
@@ -62,7 +65,7 @@ bool ByteReader::bytes(std::string* b, size_t max_len) {
 
 namespace {
 constexpr uint32_t kDescriptorMagic = 0x43445231;  // "1RDC"
-constexpr uint32_t kAddressMagic = 0x43414431;     // "1DAC"
+constexpr uint32_t kAddressMagic = 0x43414432;     // "2DAC": v2 adds host id and pid
 constexpr uint32_t kMaxRails = 64;
 }  // namespace
 
@@ -112,6 +115,8 @@ std::string EngineAddress::encode() const {
   w.bytes(provider);
   w.u32(static_cast<uint32_t>(rail_names.size()));
   for (const auto& n : rail_names) w.bytes(n);
+  w.bytes(host_id);
+  w.u32(pid);
   return std::move(w.out);
 }
 
@@ -120,7 +125,8 @@ Result<EngineAddress> EngineAddress::decode(std::string_view bytes) {
   EngineAddress a;
   uint32_t magic = 0, n = 0;
   if (!r.u32(&magic) || magic != kAddressMagic) {
-    return DataLoss(fmt::format("engine address: bad magic or version ({} bytes)", bytes.size()));
+    return DataLoss(fmt::format("engine address: bad magic or version ({} bytes; this build "
+                                "speaks address version 2)", bytes.size()));
   }
   if (!r.u64(&a.engine_id) || !r.bytes(&a.provider, 256) || !r.u32(&n)) {
     return DataLoss(fmt::format("engine address: truncated ({} bytes)", bytes.size()));
@@ -132,10 +138,26 @@ Result<EngineAddress> EngineAddress::decode(std::string_view bytes) {
   for (auto& name : a.rail_names) {
     if (!r.bytes(&name, 4096)) return DataLoss("engine address: truncated endpoint name");
   }
+  if (!r.bytes(&a.host_id, 256) || !r.u32(&a.pid)) {
+    return DataLoss(fmt::format("engine address: truncated host id / pid ({} bytes)", bytes.size()));
+  }
   if (r.pos != bytes.size()) {
     return DataLoss(fmt::format("engine address: {} trailing bytes", bytes.size() - r.pos));
   }
   return a;
+}
+
+const std::string& local_host_id() {
+  static const std::string id = [] {
+    std::string boot;
+    std::ifstream f("/proc/sys/kernel/random/boot_id");
+    if (!(f >> boot)) return std::string();
+    char ns[128];
+    ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+    if (n <= 0) return std::string();
+    return boot + "/" + std::string(ns, static_cast<size_t>(n));
+  }();
+  return id;
 }
 
 const char* error_kind_name(TransferErrorKind kind) {

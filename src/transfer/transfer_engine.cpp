@@ -1,6 +1,7 @@
 // TransferEngine: provider selection, domains and rails, registration, peers, batches.
 #include "cleave/transfer/transfer_engine.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -40,7 +41,12 @@ Result<InfoPtr> get_provider_info(const std::string& provider, const TransferSet
   bool want_hmem = *hmem;
   bool want_dc = *delivery_complete;
   int last_rc = 0;
+  // FI_RMA_EVENT (a counter of remote writes into this process) lets an idle target notice
+  // incoming writes and poll hot; it is optional, so it is asked for only with the other
+  // wishes granted first (attempt 0), and then dropped.
+  for (int pass = 0; pass < 2; ++pass)
   for (int attempt = 0; attempt < 4; ++attempt) {
+    if (pass == 0 && attempt > 0) break;
     bool use_hmem = want_hmem && (attempt == 0 || attempt == 1);
     bool use_dc = want_dc && (attempt == 0 || attempt == 2);
     if (attempt > 0 && !((want_hmem && attempt == 1) || (want_dc && attempt == 2) || attempt == 3)) {
@@ -49,7 +55,7 @@ Result<InfoPtr> get_provider_info(const std::string& provider, const TransferSet
     InfoPtr hints(fi_allocinfo());
     if (!hints) return ResourceExhausted("fi_allocinfo failed");
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_RMA | FI_MSG | (use_hmem ? FI_HMEM : 0);
+    hints->caps = FI_RMA | FI_MSG | (use_hmem ? FI_HMEM : 0) | (pass == 0 ? FI_RMA_EVENT : 0);
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | (use_hmem ? FI_MR_HMEM : 0);
@@ -83,7 +89,17 @@ struct TransferEngine::Impl : ProgressDriver {
   std::vector<fid_domain*> domains;
   std::vector<fi_info*> domain_info;
   std::vector<int> rail_domain;
-  std::vector<std::unique_ptr<FabricRail>> rails;
+  // The rails in service, replaced as a whole (copy on write) when the watchdog swaps in a new
+  // rail for a stuck one; readers take a snapshot and never hold rails_mu while using it.
+  using RailsView = std::shared_ptr<const std::vector<std::shared_ptr<FabricRail>>>;
+  mutable std::mutex rails_mu;
+  RailsView rails_view;
+  std::vector<std::shared_ptr<FabricRail>> stuck_rails;  // never destroyed (threads inside)
+  std::unique_ptr<std::atomic<uint64_t>[]> replaced;      // per rail index
+  std::thread watchdog;
+  std::mutex watchdog_mu;
+  std::condition_variable watchdog_cv;
+  bool watchdog_stop = false;
   bool virt_addr = false, prov_key = false, mr_local = false, hmem = false, dc = false;
   uint64_t engine_id = random_engine_id();
   std::string provider;
@@ -103,21 +119,50 @@ struct TransferEngine::Impl : ProgressDriver {
     return static_cast<Impl*>(self)->next_key.fetch_add(1);
   }
 
+  RailsView rails_now() const {
+    std::lock_guard<std::mutex> lock(rails_mu);
+    return rails_view;
+  }
+
   int drive_progress() override {
     int n = 0;
-    for (auto& r : rails) n += r->try_progress();
+    for (auto& r : *rails_now()) n += r->try_progress();
     return n;
   }
 
+  // A rail whose progress lock one holder has kept for this long is stuck inside the provider.
+  std::chrono::milliseconds stuck_after() const {
+    return std::chrono::milliseconds(
+        std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
+  }
+  void watch();
+  void replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old);
+
   ~Impl() override {
-    bool leaked = false;
-    for (auto& r : rails) {
-      if (!r->stop()) {
-        (void)r.release();  // its thread still runs inside the provider: never free it
-        leaked = true;
+    if (watchdog.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(watchdog_mu);
+        watchdog_stop = true;
+      }
+      watchdog_cv.notify_all();
+      watchdog.join();
+    }
+    bool leaked = !stuck_rails.empty();
+    for (auto& r : stuck_rails) new std::shared_ptr<FabricRail>(r);  // leak on purpose
+    RailsView view = rails_now();
+    if (view) {
+      for (auto& r : *view) {
+        if (!r->stop()) {
+          new std::shared_ptr<FabricRail>(r);  // its thread still runs inside the provider
+          leaked = true;
+        }
       }
     }
-    rails.clear();
+    {
+      std::lock_guard<std::mutex> lock(rails_mu);
+      rails_view.reset();
+    }
+    view.reset();
     if (leaked) return;  // the stuck endpoint still uses the domain and fabric
     for (auto& [id, rec] : regions) {
       for (fid_mr* mr : rec.mrs) if (mr) fi_close(&mr->fid);
@@ -209,23 +254,117 @@ Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_
     domains.push_back(dom);
   }
   metrics.init(provider, static_cast<int>(settings.rails));
+  replaced = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(settings.rails));
+  auto rails = std::make_shared<std::vector<std::shared_ptr<FabricRail>>>();
   for (int i = 0; i < settings.rails; ++i) {
+    replaced[i].store(0);
     int dom = i % static_cast<int>(domains.size());
     rail_domain.push_back(dom);
-    auto rail = std::make_unique<FabricRail>(i, fabric, domains[static_cast<size_t>(dom)],
+    auto rail = std::make_shared<FabricRail>(i, fabric, domains[static_cast<size_t>(dom)],
                                              domain_info[static_cast<size_t>(dom)], settings,
                                              &metrics, dc, [this](const Notice& n) { on_notice(n); });
     CLEAVE_RETURN_IF_ERROR(rail->open(engine_id, &Impl::take_key, this));
-    rails.push_back(std::move(rail));
+    rails->push_back(std::move(rail));
   }
-  for (auto& r : rails) r->start();
+  for (auto& r : *rails) r->start();
+  {
+    std::lock_guard<std::mutex> lock(rails_mu);
+    rails_view = rails;
+  }
+  watchdog = std::thread([this] {
+    pthread_setname_np(pthread_self(), "xfer-watchdog");
+    watch();
+  });
   log::info("transfer engine {:016x}: provider {} (fabric {}), {} rail(s) on {} domain(s), "
-            "mr_mode{}{}{}, delivery_complete={}, hmem={}, tx depth {}, libfabric API {}.{}",
-            engine_id, provider, info->fabric_attr->name, rails.size(), domains.size(),
+            "mr_mode{}{}{}, delivery_complete={}, hmem={}, rma_event={}, tx depth {}, libfabric "
+            "API {}.{}",
+            engine_id, provider, info->fabric_attr->name, rails->size(), domains.size(),
             virt_addr ? " virt_addr" : " offsets", prov_key ? " prov_key" : " requested_keys",
-            mr_local ? " local" : "", dc, hmem, info->tx_attr->size, FI_MAJOR(fi_version()),
+            mr_local ? " local" : "", dc, hmem, (info->caps & FI_RMA_EVENT) != 0, info->tx_attr->size, FI_MAJOR(fi_version()),
             FI_MINOR(fi_version()));
   return Status::Ok();
+}
+
+// Runs on its own thread so that timeouts fire even while a rail's thread (or a caller driving
+// progress) is stuck inside the provider.
+void TransferEngine::Impl::watch() {
+  const auto period = std::chrono::milliseconds(
+      std::clamp<int64_t>(settings.completion_timeout_ms / 20, 1, 10));
+  std::unique_lock<std::mutex> lock(watchdog_mu);
+  while (!watchdog_cv.wait_for(lock, period, [&] { return watchdog_stop; })) {
+    lock.unlock();
+    RailsView view = rails_now();
+    const auto now = Clock::now();
+    for (size_t i = 0; i < view->size(); ++i) {
+      const auto& rail = (*view)[i];
+      if (rail->is_stuck()) continue;
+      auto busy = rail->busy_for(now);
+      if (busy > stuck_after()) {
+        replace_stuck_rail(i, rail);
+      } else if (busy > std::chrono::milliseconds(20)) {
+        // Inside a post to a process that no longer exists: it will not come back.
+        auto target = rail->posting_to();
+        if (target && !target->alive()) replace_stuck_rail(i, rail);
+      }
+    }
+    lock.lock();
+  }
+}
+
+// Fails the stuck rail's transfers, then opens a fresh rail (new endpoint, same domain) with
+// every live peer in its AV and swaps it in. The stuck rail is leaked: its thread may never
+// come back from the provider, and closing its endpoint could block the same way.
+void TransferEngine::Impl::replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old) {
+  auto target = old->posting_to();
+  std::string why = fmt::format(
+      "transfer rail {} ({}) got stuck inside the provider{}; its transfers failed and the "
+      "rail is replaced (a peer that connected to this engine before must connect again to its "
+      "new address)",
+      index, provider,
+      target ? fmt::format(" while posting to peer {:016x} (pid {}), now marked unreachable",
+                           target->engine_id, target->pid)
+             : std::string());
+  log::error("{}", why);
+  std::vector<RailWork> untouched = old->declare_stuck(why);
+  metrics.add_error(TransferErrorKind::kTimeout);
+  const size_t dom = static_cast<size_t>(rail_domain[index]);
+  auto rail = std::make_shared<FabricRail>(static_cast<int>(index), fabric, domains[dom],
+                                           domain_info[dom], settings, &metrics, dc,
+                                           [this](const Notice& n) { on_notice(n); });
+  Status s = rail->open(engine_id, &Impl::take_key, this);
+  if (!s.ok()) {
+    // The stuck rail stays in the view: work given to it fails at once.
+    log::error("transfer rail {}: opening its replacement failed: {}", index, s.message());
+    for (auto& w : untouched) {
+      w.transfer->finish(Unavailable(fmt::format("{}; opening the replacement failed: {}", why,
+                                                 s.message())),
+                         TransferErrorKind::kPostError);
+    }
+    std::lock_guard<std::mutex> lock(rails_mu);
+    stuck_rails.push_back(rail);
+    return;
+  }
+  std::vector<std::pair<std::shared_ptr<PeerRecord>, std::string>> live;
+  {
+    std::lock_guard<std::mutex> lock(peers_mu);
+    for (auto& [id, peer] : peers) {
+      if (!peer->unreachable.load() && peer->alive()) live.emplace_back(peer, peer->rail_names[index]);
+    }
+  }
+  for (auto& [peer, name] : live) {
+    Status st = rail->insert_peer(peer, name);
+    if (!st.ok()) log::warn("transfer rail {} (replacement): {}", index, st.message());
+  }
+  rail->start();
+  if (!untouched.empty()) rail->enqueue(std::move(untouched));
+  {
+    std::lock_guard<std::mutex> lock(rails_mu);
+    auto next = std::make_shared<std::vector<std::shared_ptr<FabricRail>>>(*rails_view);
+    (*next)[index] = rail;
+    rails_view = next;
+    stuck_rails.push_back(old);
+  }
+  replaced[index].fetch_add(1);
 }
 
 Result<std::shared_ptr<PeerRecord>> TransferEngine::Impl::find_peer(uint64_t peer) {
@@ -249,10 +388,11 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferSet
 
 const std::string& TransferEngine::provider() const { return impl_->provider; }
 uint64_t TransferEngine::engine_id() const { return impl_->engine_id; }
-int TransferEngine::rails() const { return static_cast<int>(impl_->rails.size()); }
+int TransferEngine::rails() const { return static_cast<int>(impl_->rails_now()->size()); }
 std::string TransferEngine::address() const {
-  EngineAddress addr{impl_->engine_id, impl_->provider, {}};
-  for (const auto& r : impl_->rails) addr.rail_names.push_back(r->name());
+  EngineAddress addr{impl_->engine_id, impl_->provider, {}, local_host_id(),
+                     static_cast<uint32_t>(::getpid())};
+  for (const auto& r : *impl_->rails_now()) addr.rail_names.push_back(r->name());
   return addr.encode();
 }
 
@@ -345,27 +485,30 @@ Result<uint64_t> TransferEngine::connect(std::string_view peer_address) {
   if (a.rail_names.empty()) {
     return InvalidArgument(fmt::format("peer {:016x}: its address lists no endpoint", a.engine_id));
   }
-  const size_t nrails = impl_->rails.size();
+  auto rails = impl_->rails_now();
+  const size_t nrails = rails->size();
+  const bool same_host = !a.host_id.empty() && a.host_id == local_host_id() && a.pid != 0;
   if (known != impl_->peer_by_engine.end()) {
     // The peer may have reopened endpoints since (new names), and a reopen of ours may have
     // dropped it from an AV: insert_peer() handles both.
     auto& peer = impl_->peers[known->second];
     peer->unreachable.store(false);
     for (size_t i = 0; i < nrails; ++i) {
-      CLEAVE_RETURN_IF_ERROR(
-          impl_->rails[i]->insert_peer(peer, a.rail_names[i % a.rail_names.size()]));
+      peer->rail_names[i] = a.rail_names[i % a.rail_names.size()];
+      CLEAVE_RETURN_IF_ERROR((*rails)[i]->insert_peer(peer, peer->rail_names[i]));
     }
     return known->second;
   }
   auto peer = std::make_shared<PeerRecord>();
   peer->id = impl_->next_peer.fetch_add(1);
   peer->engine_id = a.engine_id;
+  peer->same_host = same_host;
+  peer->pid = static_cast<pid_t>(a.pid);
   for (size_t i = 0; i < nrails; ++i) {
     peer->rail_names.push_back(a.rail_names[i % a.rail_names.size()]);
-    peer->rail_addr.push_back(FI_ADDR_NOTAVAIL);
   }
   for (size_t i = 0; i < nrails; ++i) {
-    CLEAVE_RETURN_IF_ERROR(impl_->rails[i]->insert_peer(peer, peer->rail_names[i]));
+    CLEAVE_RETURN_IF_ERROR((*rails)[i]->insert_peer(peer, peer->rail_names[i]));
   }
   impl_->peers[peer->id] = peer;
   impl_->peer_by_engine[a.engine_id] = peer->id;
@@ -388,14 +531,15 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
     return Unavailable(fmt::format("submit: peer {:016x} is unreachable (an earlier transfer to "
                                    "it failed); reconnect first", peer->engine_id));
   }
+  auto rails = im.rails_now();
   const uint64_t slice = std::min<uint64_t>(static_cast<uint64_t>(im.settings.slice_bytes),
-                                            im.rails[0]->max_msg_size());
+                                            (*rails)[0]->max_msg_size());
   auto state = std::make_shared<TransferState>();
   state->metrics = &im.metrics;
   state->driver = &im;
   state->peer = peer;
   state->notify_tag = batch.notify_tag;
-  const size_t nrails = im.rails.size();
+  const size_t nrails = rails->size();
   std::vector<std::vector<RailWork>> per_rail(nrails);
   {
     std::lock_guard<std::mutex> lock(im.regions_mu);
@@ -456,7 +600,7 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
     peer->recent.push_back(state);
   }
   for (size_t r = 0; r < nrails; ++r) {
-    if (!per_rail[r].empty()) im.rails[r]->enqueue(std::move(per_rail[r]));
+    if (!per_rail[r].empty()) (*rails)[r]->enqueue(std::move(per_rail[r]));
   }
   return TransferHandle(state);
 }
@@ -485,7 +629,8 @@ Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
   work.transfer = state;
   std::vector<RailWork> v;
   v.push_back(std::move(work));
-  im.rails[static_cast<size_t>(im.round_robin.fetch_add(1) % im.rails.size())]->enqueue(std::move(v));
+  auto rails = im.rails_now();
+  (*rails)[static_cast<size_t>(im.round_robin.fetch_add(1) % rails->size())]->enqueue(std::move(v));
   return TransferHandle(state);
 }
 
@@ -508,7 +653,10 @@ Result<Notice> TransferEngine::wait_notice(std::chrono::milliseconds timeout) {
 
 TransferMetricsSnapshot TransferEngine::metrics() const {
   TransferMetricsSnapshot m = impl_->metrics.snapshot();
-  for (const auto& r : impl_->rails) m.rail_reopens.push_back(r->reopens());
+  auto rails = impl_->rails_now();
+  for (size_t i = 0; i < rails->size(); ++i) {
+    m.rail_reopens.push_back((*rails)[i]->reopens() + impl_->replaced[i].load());
+  }
   return m;
 }
 

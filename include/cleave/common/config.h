@@ -107,6 +107,10 @@ struct TransferSettings {
   bool delivery_complete = true;
   // Ask for FI_HMEM (GPU memory registration) when built with CUDA.
   bool hmem = true;
+  // A rail's progress thread keeps polling (instead of napping ~100 us) for this many
+  // microseconds after its last activity, on providers whose CQ has no wait object (shm): a
+  // target completes incoming writes only while it polls. 0 = always nap when idle.
+  int64_t idle_poll_us = 2000;
 };
 
 struct Config {

@@ -7,6 +7,16 @@
 // TX depth, answering -FI_EAGAIN with progress), reads completions and errors, enforces the
 // completion timeout and receives notices. The engine must outlive every handle's use.
 //
+// Dead peers: a peer that stops completing fails its transfers after completion_timeout_ms. A
+// peer on this host (same boot id and pid namespace, carried in address()) is also checked with
+// kill(pid, 0): writes to a process that has exited fail at once and nothing more is posted to
+// it. A watchdog thread ("xfer-watchdog") catches a rail stuck inside the provider (libfabric
+// 1.17's shm spins forever on the lock of a peer killed while holding it): after
+// min(completion_timeout_ms, 1 s), or 20 ms when the post in progress targets a dead process,
+// it fails the transfers that rail had started, moves its untouched queued work to a fresh
+// rail and leaks the stuck one. Peers that connected to a replaced rail must connect again.
+// A caller thread that was itself posting when the peer died can stay stuck in the provider.
+//
 // Ordering: a batch's notice is sent only after every write of the batch has completed (with
 // FI_DELIVERY_COMPLETE when the provider accepts it), so a peer that sees the notice can read
 // the data. notify(peer, tag) is ordered after every batch previously submitted to that peer.

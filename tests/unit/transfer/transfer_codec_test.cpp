@@ -2,6 +2,7 @@
 
 #include "cleave/transfer/transfer_bench.h"
 #include "cleave/transfer/transfer_engine.h"
+#include "../../../src/transfer/transfer_codec.h"
 
 namespace cleave::transfer {
 namespace {
@@ -19,6 +20,25 @@ TEST(RemoteDescriptorTest, RoundTripsAndRefusesDamagedBytes) {
   EXPECT_EQ(RemoteDescriptor::decode(bytes + "x").status().code(), StatusCode::kDataLoss);
   bytes[0] ^= 1;
   EXPECT_EQ(RemoteDescriptor::decode(bytes).status().code(), StatusCode::kDataLoss);
+}
+
+TEST(EngineAddressTest, CarriesHostIdAndPidAndRefusesDamagedBytes) {
+  EngineAddress a{0xabcdef, "shm", {"rail0-name", std::string("\0bin\xff", 5)}, local_host_id(),
+                  4242};
+  auto back = EngineAddress::decode(a.encode());
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->engine_id, a.engine_id);
+  EXPECT_EQ(back->provider, "shm");
+  EXPECT_EQ(back->rail_names, a.rail_names);
+  EXPECT_EQ(back->host_id, a.host_id);
+  EXPECT_EQ(back->pid, 4242u);
+  EXPECT_FALSE(local_host_id().empty()) << "boot id / pid namespace unreadable";
+  std::string bytes = a.encode();
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_EQ(EngineAddress::decode(bytes.substr(0, cut)).status().code(), StatusCode::kDataLoss)
+        << "cut at " << cut;
+  }
+  EXPECT_EQ(EngineAddress::decode(bytes + "x").status().code(), StatusCode::kDataLoss);
 }
 
 WriteOp op(uint64_t lo, uint64_t ro, uint64_t len, uint64_t region = 1) {
