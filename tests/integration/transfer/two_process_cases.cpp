@@ -231,7 +231,7 @@ TEST_P(TwoProcessTest, KilledPeerFailsWithinTheBoundAndOthersStillWork) {
   // Many more writes than the TX depth to the live peer: credits of the abandoned writes did
   // not leak.
   Batch many{b.peer, {}, 6};
-  for (int i = 0; i < 3000; ++i) many.writes.push_back({mr->id, 0, b.desc, 100 + (i % 2) * 8, 8});
+  for (int i = 0; i < 3000; ++i) many.writes.push_back({mr->id, 0, b.desc, static_cast<uint64_t>(100 + (i % 2) * 8), 8});
   auto h4 = engine_->submit(many);
   ASSERT_TRUE(h4.ok()) << h4.status().to_string();
   ASSERT_TRUE(h4->wait(10s).ok()) << h4->wait(0ms).to_string();
