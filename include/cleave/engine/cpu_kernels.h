@@ -1,6 +1,7 @@
 // CPU compute kernels. fp32 arithmetic; weights stay in their file dtype (f32, f16, bf16, q8_0)
-// and are converted inside the dot kernels. AVX2+FMA+F16C paths are chosen at run time with a
-// portable fallback.
+// and are converted inside the dot kernels. The kernel set is chosen at run time: AVX-512 (when
+// the CPU and OS support it), else AVX2+FMA+F16C, else a portable fallback. The AVX-512 set gives
+// the AVX2 set's results bit for bit (src/engine/cpu/kernel_set.h).
 //
 // Batch invariance: the result of dot(row, x) depends only on the row, x and n -- never on how
 // many tokens or rows are processed together, on the thread count, or on which tile a row falls
@@ -15,12 +16,13 @@
 
 namespace cleave::cpu {
 
-// Name of the kernel set chosen at run time ("avx2" or "generic"). The environment variable
-// CLEAVE_CPU_KERNELS=generic forces the portable set.
+// Name of the kernel set chosen at run time ("avx512", "avx2" or "generic"). The environment
+// variable CLEAVE_CPU_KERNELS=generic (or =avx2) forces that set.
 const char* kernel_isa();
-// Switches the kernel set ("avx2", "generic"); false (and no change) when the name is unknown or
-// this CPU cannot run it. For tests and benchmarks: call it while no kernel is running. Results
-// are batch invariant within one kernel set; two sets may differ in the last bits.
+// Switches the kernel set ("avx512", "avx2", "generic"); false (and no change) when the name is
+// unknown or this CPU cannot run it. For tests and benchmarks: call it while no kernel is
+// running. Results are batch invariant within one kernel set; "avx512" and "avx2" agree bit for
+// bit; "generic" may differ from them in the last bits.
 bool set_kernel_isa(std::string_view name);
 
 // dot of row `r` of matrix `w` ([rows, n], any dtype) with f32 vector x of n elements.
@@ -28,8 +30,10 @@ float dot_row(const TensorView& w, int64_t r, const float* x);
 
 // y[t * out_stride + r] = dot(w[r], x[t * in_stride .. + n]) for every row r of w and token t in
 // [0, n_tokens). Threaded over rows through `pool`; bit-identical to dot_row for every (r, t),
-// whatever n_tokens and the pool size. Decode (1 token) streams each weight row once; prefill
-// applies each small block of rows to every token while it is in cache.
+// whatever n_tokens and the pool size. Decode (1 token) streams each weight row once; several
+// tokens: the AVX-512 set converts each block of rows to f32 once per call (each weight byte is
+// read from memory once) and runs every token against it in register-blocked micro-kernels;
+// the other sets apply each small block of rows to every token while it is in cache.
 void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_stride,
             int64_t n_tokens, float* y, int64_t out_stride);
 

@@ -27,12 +27,32 @@ bool cpu_has_avx2_kernels() {
 #endif
 }
 
+bool cpu_has_avx512_kernels() {
+#if defined(__x86_64__)
+  static const bool has = [] {
+    if (!cpu_has_avx2_kernels() || !__builtin_cpu_supports("avx512f")) return false;
+    // The OS must save the opmask and ZMM state: XCR0 bits 1, 2 (SSE, AVX) and 5-7.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;
+    uint32_t xcr0_lo = 0, xcr0_hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+    return (xcr0_lo & 0xe6u) == 0xe6u;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 const KernelSet* default_kernels() {
-  // CLEAVE_CPU_KERNELS=generic forces the portable set (to compare or debug).
+  // CLEAVE_CPU_KERNELS=generic|avx2 forces a set (to compare or debug).
   const char* env = std::getenv("CLEAVE_CPU_KERNELS");
   if (env != nullptr && std::string_view(env) == "generic") return &generic_kernels();
+  if (env != nullptr && std::string_view(env) == "avx2" && cpu_has_avx2_kernels())
+    return &avx2_kernels();
+  if (cpu_has_avx512_kernels()) return &avx512_kernels();
   return cpu_has_avx2_kernels() ? &avx2_kernels() : &generic_kernels();
 }
 
@@ -53,6 +73,7 @@ bool set_kernel_isa(std::string_view name) {
   const detail::KernelSet* set = nullptr;
   if (name == "generic") set = &detail::generic_kernels();
   if (name == "avx2" && detail::cpu_has_avx2_kernels()) set = &detail::avx2_kernels();
+  if (name == "avx512" && detail::cpu_has_avx512_kernels()) set = &detail::avx512_kernels();
   if (set == nullptr) return false;
   detail::active_slot().store(set);
   return true;

@@ -81,7 +81,10 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 const KernelSet& generic_kernels() {
   static const KernelSet set{"generic",
                              {&dot_tile<F32Weights>, &dot_tile<F16Weights>,
-                              &dot_tile<BF16Weights>, &dot_tile<Q8_0Weights>}};
+                              &dot_tile<BF16Weights>, &dot_tile<Q8_0Weights>},
+                             {nullptr, nullptr, nullptr, nullptr},
+                             nullptr,
+                             nullptr};
   return set;
 }
 

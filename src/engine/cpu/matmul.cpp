@@ -1,6 +1,9 @@
-// matmul: rows of the weight matrix spread over the thread pool; inside a thread, a block of rows
-// small enough to stay in L1/L2 is applied to every token, a few rows and tokens per kernel call.
-// Each (row, token) result comes from the same reduction whatever the tiling (kernel_set.h).
+// matmul: rows of the weight matrix spread over the thread pool. One token streams each row once
+// through dot_tile. Several tokens go to the kernel set's matmul_block when it has one (each
+// weight byte read once per call and reused, converted, for every token); otherwise a block of
+// rows small enough to stay in L1/L2 is applied to every token, a few rows and tokens per
+// dot_tile call. Each (row, token) result comes from the same reduction whatever the path
+// (kernel_set.h).
 #include <algorithm>
 
 #include "cleave/engine/cpu_kernels.h"
@@ -22,8 +25,10 @@ void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_st
   const int64_t n = w.cols();
   if (rows <= 0 || n_tokens <= 0) return;
   const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
-  const detail::DotTileFn dot_tile =
-      detail::active_kernels().dot_tile[static_cast<size_t>(w.dtype)];
+  const detail::KernelSet& set = detail::active_kernels();
+  const detail::DotTileFn dot_tile = set.dot_tile[static_cast<size_t>(w.dtype)];
+  const detail::MatmulBlockFn matmul_block =
+      n_tokens == 1 ? nullptr : set.matmul_block[static_cast<size_t>(w.dtype)];
   constexpr int kTileRows = detail::kMaxTileRows;
   const int tile_tokens = n_tokens == 1 ? 1 : 3;
   const int64_t block_rows = std::max<int64_t>(
@@ -31,6 +36,11 @@ void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_st
                      kTileRows * kTileRows);
 
   auto run_rows = [&](int64_t r_begin, int64_t r_end) {
+    if (matmul_block != nullptr) {
+      matmul_block(w.data + static_cast<uint64_t>(r_begin) * row_bytes, row_bytes,
+                   r_end - r_begin, x, in_stride, n_tokens, n, y + r_begin, out_stride);
+      return;
+    }
     // One token: a single pass over the rows, streaming each once.
     const int64_t step = n_tokens == 1 ? r_end - r_begin : block_rows;
     for (int64_t rb = r_begin; rb < r_end; rb += step) {
@@ -48,7 +58,9 @@ void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_st
 
   const int64_t macs_per_row = std::max<int64_t>(1, n * n_tokens);
   int64_t grain = (kMinMacsPerChunk + macs_per_row - 1) / macs_per_row;
-  grain = (grain + kTileRows - 1) / kTileRows * kTileRows;
+  // Multiples of 16 rows: the block kernels work on 16 rows at a time.
+  const int64_t grain_align = matmul_block != nullptr ? 16 : kTileRows;
+  grain = (grain + grain_align - 1) / grain_align * grain_align;
   pool.parallel_for(rows, run_rows, grain);
 }
 

@@ -9,9 +9,11 @@
 namespace cleave::cpu {
 
 float dot_f32(const float* a, const float* b, int64_t n) {
+  const detail::KernelSet& set = detail::active_kernels();
+  if (set.dot_f32 != nullptr) return set.dot_f32(a, b, n);
   float y = 0.0f;
-  detail::active_kernels().dot_tile[static_cast<size_t>(DType::kF32)](
-      reinterpret_cast<const std::byte*>(a), 0, 1, b, 0, 1, n, &y, 0);
+  set.dot_tile[static_cast<size_t>(DType::kF32)](reinterpret_cast<const std::byte*>(a), 0, 1, b,
+                                                 0, 1, n, &y, 0);
   return y;
 }
 
@@ -46,6 +48,8 @@ void add_inplace(float* y, const float* x, int64_t n) {
 }
 
 void axpy(float* y, float a, const float* x, int64_t n) {
+  const detail::KernelSet& set = detail::active_kernels();
+  if (set.axpy != nullptr) return set.axpy(y, a, x, n);
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 

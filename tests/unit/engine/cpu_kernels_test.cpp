@@ -144,7 +144,7 @@ TEST_P(KernelSetTest, MatmulIsBatchInvariantBitForBit) {
       const int64_t rows = 37;  // not a multiple of the tile height
       const int64_t in_stride = n + 3, out_stride = rows + 5;
       TestMatrix m = make_matrix(dtype, rows, n, 7 + static_cast<uint32_t>(n));
-      const int64_t max_tokens = 37;
+      const int64_t max_tokens = 70;
       std::vector<float> x = random_vector(in_stride * max_tokens, 99 + static_cast<uint32_t>(n));
       std::vector<float> expected(static_cast<size_t>(rows * max_tokens));
       for (int64_t t = 0; t < max_tokens; ++t)
@@ -152,7 +152,9 @@ TEST_P(KernelSetTest, MatmulIsBatchInvariantBitForBit) {
           expected[t * rows + r] = dot_row(m.view, r, x.data() + t * in_stride);
       for (int threads : {1, 2, 3}) {
         ThreadPool pool(threads);
-        for (int64_t tokens : {1, 2, 3, 4, 5, 7, 37}) {
+        // Every micro-tile width of each set (up to 6 tokens), several tiles, and more tokens
+        // than one accumulator group of the block kernels (64).
+        for (int64_t tokens : {1, 2, 3, 4, 5, 6, 7, 11, 13, 37, 70}) {
           std::vector<float> y(static_cast<size_t>(out_stride * tokens), -1.0f);
           matmul(pool, m.view, x.data(), in_stride, tokens, y.data(), out_stride);
           for (int64_t t = 0; t < tokens; ++t)
@@ -209,6 +211,21 @@ TEST_P(KernelSetTest, DotF32MatchesReferenceAndDotRow) {
   }
 }
 
+// Element-wise: every set must give the portable loop's bits (a rounded product, then the sum).
+TEST_P(KernelSetTest, AxpyMatchesScalarLoopBitForBit) {
+  for (int64_t n : test_sizes(DType::kF32)) {
+    std::vector<float> x = random_vector(n, 61), y = random_vector(n, 62);
+    std::vector<float> expected = y;
+    const float a = 0.3f;
+    for (int64_t i = 0; i < n; ++i) {
+      volatile float product = a * x[i];  // volatile: no fused multiply-add in the reference
+      expected[i] = expected[i] + product;
+    }
+    axpy(y.data(), a, x.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits(y[i]), bits(expected[i])) << "n=" << n << " " << i;
+  }
+}
+
 TEST_P(KernelSetTest, RmsnormMatchesReferenceAndMayAlias) {
   const int64_t n = 77;
   std::vector<float> x = random_vector(n, 21), w = random_vector(n, 22), out(n);
@@ -223,12 +240,40 @@ TEST_P(KernelSetTest, RmsnormMatchesReferenceAndMayAlias) {
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(bits(in_place[i]), bits(out[i])) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllSets, KernelSetTest, ::testing::Values("avx2", "generic"),
+// The AVX-512 set promises the AVX2 set's bits exactly (kernel_set.h): a model gives the same
+// tokens whichever of the two a machine picks.
+TEST(CpuKernelsTest, Avx512SetMatchesAvx2SetBitForBit) {
+  const std::string previous = kernel_isa();
+  if (!set_kernel_isa("avx512")) GTEST_SKIP() << "this CPU cannot run the avx512 kernels";
+  ASSERT_TRUE(set_kernel_isa(previous));
+  ThreadPool pool(2);
+  for (DType dtype : kAllDtypes) {
+    for (int64_t n : test_sizes(dtype)) {
+      const int64_t rows = 53;
+      TestMatrix m = make_matrix(dtype, rows, n, 300 + static_cast<uint32_t>(n));
+      for (int64_t tokens : {1, 3, 16, 67}) {
+        std::vector<float> x = random_vector(n * tokens, 400 + static_cast<uint32_t>(n));
+        std::vector<float> y2(static_cast<size_t>(rows * tokens));
+        std::vector<float> y512(y2.size());
+        ASSERT_TRUE(set_kernel_isa("avx2"));
+        matmul(pool, m.view, x.data(), n, tokens, y2.data(), rows);
+        ASSERT_TRUE(set_kernel_isa("avx512"));
+        matmul(pool, m.view, x.data(), n, tokens, y512.data(), rows);
+        ASSERT_TRUE(set_kernel_isa(previous));
+        for (size_t i = 0; i < y2.size(); ++i)
+          ASSERT_EQ(bits(y2[i]), bits(y512[i]))
+              << dtype_name(dtype) << " n=" << n << " tokens=" << tokens << " index=" << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllSets, KernelSetTest, ::testing::Values("avx512", "avx2", "generic"),
                          [](const auto& info) { return info.param; });
 
 TEST(CpuKernelsTest, KernelIsaIsKnownAndSwitchable) {
   const std::string isa = kernel_isa();
-  EXPECT_TRUE(isa == "avx2" || isa == "generic") << isa;
+  EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "generic") << isa;
   EXPECT_FALSE(set_kernel_isa("sse9"));
   EXPECT_EQ(kernel_isa(), isa);
   ASSERT_TRUE(set_kernel_isa("generic"));

@@ -1,0 +1,372 @@
+// AVX-512 kernels: the AVX2 set's reduction order (kernel_set.h) with 16-lane vectors, and a
+// multi-token matmul that converts each weight row to f32 once per call and runs every token of
+// the batch against it.
+//
+// Bit-identity with the AVX2 set: the AVX2 kernels keep, per (row, token), a0 for elements
+// [16k, 16k+8) and a1 for [16k+8, 16k+16). One 16-lane accumulator over [16k, 16k+16) holds a0 in
+// lanes 0-7 and a1 in lanes 8-15, and a 512-bit fused multiply-add is eight-lane FMAs side by
+// side, so every lane sees the same sequence of roundings. The trailing 8-chunk goes into the
+// low half, then the same horizontal sum and scalar tail as dot_avx2.cpp.
+//
+// The code is compiled for AVX-512 through a target pragma (the rest of the engine is not), and
+// runs only when cpu_has_avx512_kernels() is true.
+#include "kernel_set.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,f16c")
+// GCC 12's AVX-512 intrinsics self-initialise their "undefined" operands and warn about it when
+// inlined (GCC bug 105593, fixed in GCC 13): silence that here only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace cleave::cpu::detail {
+namespace {
+
+inline uint16_t load_u16(const std::byte* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// load16(row, i): elements [i, i+16) as f32 (exact); load8 / load1 for the tails.
+struct F32Weights {
+  static constexpr int64_t kBytesPer16 = 64;
+  static inline __m512 load16(const std::byte* row, int64_t i) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  }
+  static inline __m256 load8(const std::byte* row, int64_t i) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
+  }
+  static inline float load1(const std::byte* row, int64_t i) {
+    float v;
+    std::memcpy(&v, row + i * 4, 4);
+    return v;
+  }
+};
+
+struct F16Weights {
+  static constexpr int64_t kBytesPer16 = 32;
+  static inline __m512 load16(const std::byte* row, int64_t i) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i * 2)));
+  }
+  static inline __m256 load8(const std::byte* row, int64_t i) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i * 2)));
+  }
+  static inline float load1(const std::byte* row, int64_t i) {
+    return _cvtsh_ss(load_u16(row + i * 2));
+  }
+};
+
+struct BF16Weights {
+  static constexpr int64_t kBytesPer16 = 32;
+  static inline __m512 load16(const std::byte* row, int64_t i) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i * 2));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static inline __m256 load8(const std::byte* row, int64_t i) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i * 2));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static inline float load1(const std::byte* row, int64_t i) {
+    return bf16_to_f32(load_u16(row + i * 2));
+  }
+};
+
+// scale * q is exact in f32, the same products as the AVX2 set. n is a multiple of 32, so the
+// 8-element and scalar tails never occur; 16-element chunks never straddle blocks.
+struct Q8_0Weights {
+  static constexpr int64_t kBytesPer16 = sizeof(BlockQ8_0) / 2;
+  static inline const std::byte* block(const std::byte* row, int64_t i) {
+    return row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
+  }
+  static inline __m512 load16(const std::byte* row, int64_t i) {
+    const std::byte* blk = block(row, i);
+    const __m512 scale = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
+    const __m128i q =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + (i % kQ8_0BlockElems)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
+  }
+  static inline __m256 load8(const std::byte* row, int64_t i) {
+    const std::byte* blk = block(row, i);
+    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
+    const __m128i q =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + (i % kQ8_0BlockElems)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
+  }
+  static inline float load1(const std::byte* row, int64_t i) {
+    const std::byte* blk = block(row, i);
+    const float scale = _cvtsh_ss(load_u16(blk));
+    return scale * static_cast<float>(static_cast<int8_t>(blk[2 + i % kQ8_0BlockElems]));
+  }
+};
+
+// Decode streams each weight row once; prefetching this far ahead keeps enough misses in flight.
+constexpr int64_t kPrefetchBytes = 1024;
+
+// Finishes one (row, token) dot from its 16-lane accumulator over elements [0, i): the trailing
+// 8-chunk into a0 (lanes 0-7), the fixed horizontal sum of a0 + a1 (8 -> 4 -> 2 -> 1), then the
+// scalar tail in order. Exactly dot_avx2.cpp's epilogue.
+template <typename W>
+inline float finish(__m512 acc, const std::byte* row, const float* x, int64_t i, int64_t n) {
+  __m256 a0 = _mm512_castps512_ps256(acc);
+  const __m256 a1 = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xee));
+  if (i + 8 <= n) {
+    a0 = _mm256_fmadd_ps(W::load8(row, i), _mm256_loadu_ps(x + i), a0);
+    i += 8;
+  }
+  const __m256 v = _mm256_add_ps(a0, a1);
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 0x55));
+  float s = _mm_cvtss_f32(s4);
+  for (int64_t j = i; j < n; ++j) s = std::fma(W::load1(row, j), x[j], s);
+  return s;
+}
+
+// R rows x T tokens straight from the weights (decode and small calls).
+template <typename W, int R, int T>
+inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
+                 int64_t n, float* y, int64_t y_stride) {
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int r = 0; r < R; ++r) {
+      const std::byte* row = w + r * row_bytes;
+      const char* pf = reinterpret_cast<const char*>(row) + (i / 16) * W::kBytesPer16 +
+                       kPrefetchBytes;
+      _mm_prefetch(pf, _MM_HINT_T0);
+      if constexpr (W::kBytesPer16 > 32) _mm_prefetch(pf + 64, _MM_HINT_T0);
+      const __m512 w0 = W::load16(row, i);
+      const __m512 w1 = W::load16(row, i + 16);
+      for (int t = 0; t < T; ++t) {
+        const float* xt = x + t * x_stride + i;
+        acc[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[r][t]);
+        acc[r][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), acc[r][t]);
+      }
+    }
+  }
+  for (; i + 16 <= n; i += 16) {
+    for (int r = 0; r < R; ++r) {
+      const __m512 w0 = W::load16(w + r * row_bytes, i);
+      for (int t = 0; t < T; ++t)
+        acc[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      y[t * y_stride + r] = finish<W>(acc[r][t], w + r * row_bytes, x + t * x_stride, i, n);
+}
+
+template <typename W, int R>
+inline void tile_rows(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
+                      int nt, int64_t n, float* y, int64_t y_stride) {
+  switch (nt) {
+    case 1: tile<W, R, 1>(w, row_bytes, x, x_stride, n, y, y_stride); return;
+    case 2: tile<W, R, 2>(w, row_bytes, x, x_stride, n, y, y_stride); return;
+    case 3: tile<W, R, 3>(w, row_bytes, x, x_stride, n, y, y_stride); return;
+    default: tile<W, R, 4>(w, row_bytes, x, x_stride, n, y, y_stride); return;
+  }
+}
+
+template <typename W>
+void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, int64_t x_stride,
+              int nt, int64_t n, float* y, int64_t y_stride) {
+  switch (nr) {
+    case 1: tile_rows<W, 1>(w, row_bytes, x, x_stride, nt, n, y, y_stride); return;
+    case 2: tile_rows<W, 2>(w, row_bytes, x, x_stride, nt, n, y, y_stride); return;
+    case 3: tile_rows<W, 3>(w, row_bytes, x, x_stride, nt, n, y, y_stride); return;
+    default: tile_rows<W, 4>(w, row_bytes, x, x_stride, nt, n, y, y_stride); return;
+  }
+}
+
+// ---- Multi-token matmul -------------------------------------------------------------------
+//
+// For a block of kBlockRows rows: convert their first n16 = n & ~15 elements to f32 once (one
+// sequential pass over the weight bytes) into a thread-local panel, then for each K-chunk of
+// kChunk elements run micro-kernels of kMicroRows rows x kMicroTokens tokens over the panel and
+// the tokens' activations, both L1-resident. Per (row, token) the 16-lane accumulator lives in
+// a thread-local array between chunks (storing and reloading is exact) and sees the 16-element
+// chunks in increasing order, as in tile(); finish() then adds the tails.
+
+constexpr int kMicroRows = 4;
+constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weight vectors + 1 activation of 32 zmm
+constexpr int64_t kBlockRows = 16;
+constexpr int64_t kChunk = 256;
+constexpr int64_t kTokenGroup = 64;  // bounds the accumulator array to kBlockRows x 64 x 64 B
+
+struct Scratch {
+  std::vector<float> panel;  // [kBlockRows][stride] f32 weights
+  std::vector<float> acc;    // [kBlockRows][token group][16 lanes]
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+template <int R, int T>
+inline void micro(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
+                  int64_t x_stride, float* acc, int64_t acc_stride) {
+  __m512 a[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) a[r][t] = _mm512_loadu_ps(acc + (r * acc_stride + t) * 16);
+  for (int64_t k = 0; k < kc; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(panel + r * panel_stride + k);
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x + t * x_stride + k);
+      for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(acc + (r * acc_stride + t) * 16, a[r][t]);
+}
+
+using MicroFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
+
+template <int R>
+constexpr MicroFn micro_for_tokens(int t) {
+  return t == 1   ? &micro<R, 1>
+         : t == 2 ? &micro<R, 2>
+         : t == 3 ? &micro<R, 3>
+         : t == 4 ? &micro<R, 4>
+         : t == 5 ? &micro<R, 5>
+                  : &micro<R, 6>;
+}
+
+// kMicroFns[R - 1][T - 1]
+const MicroFn kMicroFns[kMicroRows][kMicroTokens] = {
+    {micro_for_tokens<1>(1), micro_for_tokens<1>(2), micro_for_tokens<1>(3),
+     micro_for_tokens<1>(4), micro_for_tokens<1>(5), micro_for_tokens<1>(6)},
+    {micro_for_tokens<2>(1), micro_for_tokens<2>(2), micro_for_tokens<2>(3),
+     micro_for_tokens<2>(4), micro_for_tokens<2>(5), micro_for_tokens<2>(6)},
+    {micro_for_tokens<3>(1), micro_for_tokens<3>(2), micro_for_tokens<3>(3),
+     micro_for_tokens<3>(4), micro_for_tokens<3>(5), micro_for_tokens<3>(6)},
+    {micro_for_tokens<4>(1), micro_for_tokens<4>(2), micro_for_tokens<4>(3),
+     micro_for_tokens<4>(4), micro_for_tokens<4>(5), micro_for_tokens<4>(6)},
+};
+
+template <typename W>
+void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
+                  int64_t x_stride, int64_t nt, int64_t n, float* y, int64_t y_stride) {
+  const int64_t n16 = n & ~int64_t{15};
+  // Padding the row stride keeps the micro-kernel's rows off the same L1 sets.
+  const int64_t panel_stride = n16 + 16;
+  Scratch& s = scratch();
+  if (s.panel.size() < static_cast<size_t>(kBlockRows * panel_stride))
+    s.panel.resize(static_cast<size_t>(kBlockRows * panel_stride));
+  const int64_t tg_max = std::min(nt, kTokenGroup);
+  if (s.acc.size() < static_cast<size_t>(kBlockRows * tg_max * 16))
+    s.acc.resize(static_cast<size_t>(kBlockRows * tg_max * 16));
+  float* panel = s.panel.data();
+  float* acc = s.acc.data();
+
+  for (int64_t r0 = 0; r0 < nr; r0 += kBlockRows) {
+    const int64_t rb = std::min(kBlockRows, nr - r0);
+    const std::byte* wb = w + static_cast<uint64_t>(r0) * row_bytes;
+    // Each weight byte is read (and converted) once here for the whole batch.
+    for (int64_t r = 0; r < rb; ++r) {
+      const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
+      float* dst = panel + r * panel_stride;
+      for (int64_t k = 0; k < n16; k += 16) _mm512_storeu_ps(dst + k, W::load16(row, k));
+    }
+    // The next block's weights are fetched into L2 while this one computes, a slice per
+    // micro-kernel step, so that the conversion above finds them in cache.
+    const char* pf = reinterpret_cast<const char*>(wb + static_cast<uint64_t>(rb) * row_bytes);
+    const char* const pf_end =
+        pf + static_cast<uint64_t>(std::min(kBlockRows, nr - r0 - rb)) * row_bytes;
+    const int64_t steps = ((n16 + kChunk - 1) / kChunk) * ((rb + kMicroRows - 1) / kMicroRows);
+    const int64_t pf_step = ((pf_end - pf) / std::max<int64_t>(steps, 1) + 127) / 64 * 64;
+    for (int64_t t0 = 0; t0 < nt; t0 += kTokenGroup) {
+      const int64_t tb = std::min(kTokenGroup, nt - t0);
+      const float* xg = x + t0 * x_stride;
+      std::fill(acc, acc + rb * tb * 16, 0.0f);
+      for (int64_t k0 = 0; k0 < n16; k0 += kChunk) {
+        const int64_t kc = std::min(kChunk, n16 - k0);
+        for (int64_t rg = 0; rg < rb; rg += kMicroRows) {
+          for (const char* stop = std::min(pf + pf_step, pf_end); pf < stop; pf += 64)
+            _mm_prefetch(pf, _MM_HINT_T1);
+          const int64_t mr = std::min<int64_t>(kMicroRows, rb - rg);
+          for (int64_t tg = 0; tg < tb; tg += kMicroTokens) {
+            const int64_t mt = std::min<int64_t>(kMicroTokens, tb - tg);
+            kMicroFns[mr - 1][mt - 1](panel + rg * panel_stride + k0, panel_stride, kc,
+                                      xg + tg * x_stride + k0, x_stride,
+                                      acc + (rg * tb + tg) * 16, tb);
+          }
+        }
+      }
+      for (int64_t r = 0; r < rb; ++r) {
+        const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
+        for (int64_t t = 0; t < tb; ++t)
+          y[(t0 + t) * y_stride + r0 + r] =
+              finish<W>(_mm512_loadu_ps(acc + (r * tb + t) * 16), row, xg + t * x_stride, n16, n);
+      }
+    }
+  }
+}
+
+// tile<F32Weights, 1, 1> without the streaming prefetch: the same chain of 16-lane FMAs (the
+// 32-element steps there are two 16-element steps into the same accumulator) and epilogue.
+float dot_f32(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  return finish<F32Weights>(acc, reinterpret_cast<const std::byte*>(a), b, i, n);
+}
+
+void axpy(float* y, float a, const float* x, int64_t n) {
+  const __m512 av = _mm512_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i,
+                     _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_mul_ps(av, _mm512_loadu_ps(x + i))));
+  for (; i < n; ++i) y[i] += a * x[i];  // -ffp-contract=off: a rounded product, then the sum
+}
+
+}  // namespace
+
+const KernelSet& avx512_kernels() {
+  static const KernelSet set{
+      "avx512",
+      {&dot_tile<F32Weights>, &dot_tile<F16Weights>, &dot_tile<BF16Weights>,
+       &dot_tile<Q8_0Weights>},
+      {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>,
+       &matmul_block<Q8_0Weights>},
+      &dot_f32,
+      &axpy};
+  return set;
+}
+
+}  // namespace cleave::cpu::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86-64 with GCC or clang: there is no AVX-512 set; dispatch never asks for it.
+
+namespace cleave::cpu::detail {
+const KernelSet& avx512_kernels() { return generic_kernels(); }
+}  // namespace cleave::cpu::detail
+
+#endif
