@@ -48,6 +48,17 @@ std::byte* map_aligned(uint64_t bytes) {
 #ifdef MADV_HUGEPAGE
   madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // a hint; failure is harmless
 #endif
+#ifdef MADV_POPULATE_WRITE
+  // Commit (fault in and zero) the whole pool now: page faults stay out of the engine's steps,
+  // and a pool the machine cannot hold fails here, cleanly, instead of an OOM kill mid-serving.
+  // EINVAL: a kernel older than 5.14 without the advice; the pages then fault in on first use.
+  if (madvise(reinterpret_cast<void*>(aligned), bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+    const int e = errno;
+    munmap(reinterpret_cast<void*>(aligned), bytes);
+    errno = e == EINVAL ? ENOMEM : e;
+    return nullptr;
+  }
+#endif
   return reinterpret_cast<std::byte*>(aligned);
 }
 

@@ -42,7 +42,8 @@ namespace cleave {
 class KvBlockPool {
  public:
   // Allocates the buffer (anonymous memory, zeroed, 2 MiB-aligned so it can be registered for
-  // RDMA; pages are committed on first touch). Every block starts free.
+  // RDMA; committed up front with MADV_POPULATE_WRITE where the kernel has it, so that steps
+  // never page-fault and a pool the machine cannot hold fails here). Every block starts free.
   // InvalidArgument for a bad layout; ResourceExhausted (naming the byte count) when the memory
   // cannot be had.
   static Result<std::unique_ptr<KvBlockPool>> create(const KvLayout& layout);

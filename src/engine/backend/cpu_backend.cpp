@@ -14,6 +14,10 @@ namespace {
 // more than it saves. Results do not depend on this choice (each output has one owner).
 constexpr int64_t kParallelMinWork = 1 << 15;
 
+// Attention scratch holds the scores of this many heads at the longest context (more heads per
+// pass when their contexts are shorter).
+constexpr int64_t kHeadsPerPass = 8;
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(ThreadPool& pool) : pool_(pool), scores_(static_cast<size_t>(pool.size())),
@@ -23,7 +27,8 @@ class CpuBackend final : public Backend {
   int threads() const override { return pool_.size(); }
 
   void reserve_attention(int64_t max_context) override {
-    for (auto& s : scores_) s.assign(static_cast<size_t>(std::max<int64_t>(max_context, 1)), 0.0f);
+    capacity_ = kHeadsPerPass * std::max<int64_t>(max_context, 1);
+    for (auto& s : scores_) s.assign(static_cast<size_t>(capacity_), 0.0f);
   }
 
   void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y) override {
@@ -89,7 +94,7 @@ class CpuBackend final : public Backend {
                           ? 1
                           : static_cast<int>(std::min<int64_t>(pool_.size(), items));
     if (slots == 1) {
-      attend_items(a, 0, items, scores_[0].data());
+      attend_items(a, 0, items, scores_[0].data(), capacity_);
       return;
     }
     // Slot s takes the items from the one where the running key count reaches total * s / slots.
@@ -114,12 +119,13 @@ class CpuBackend final : public Backend {
       const AttentionArgs* args;
       std::vector<std::vector<float>>* scores;
       const int64_t* bounds;
-    } job{&a, &scores_, bounds_.data()};
+      int64_t capacity;
+    } job{&a, &scores_, bounds_.data(), capacity_};
     const Job* j = &job;
     pool_.parallel_for(slots, [j](int64_t b0, int64_t e0) {
       for (int64_t s = b0; s < e0; ++s) {
         attend_items(*j->args, j->bounds[s], j->bounds[s + 1],
-                     (*j->scores)[static_cast<size_t>(s)].data());
+                     (*j->scores)[static_cast<size_t>(s)].data(), j->capacity);
       }
     });
   }
@@ -151,40 +157,70 @@ class CpuBackend final : public Backend {
   // Attention for items [i0, i1) (item = token * n_heads + head). The query at position p
   // reduces over keys 0..p of its sequence in key order, block by block through the block table:
   // scores by the fixed-order dot, a softmax over exactly p + 1 scores, V accumulated in key order.
-  static void attend_items(const AttentionArgs& a, int64_t i0, int64_t i1, float* scores) {
+  // The items of one token are taken together, as many heads per pass as `scores` (`capacity`
+  // floats) holds, so that a pass streams each K and V row once, contiguously, for all of its
+  // heads; each head's arithmetic is the same whatever the grouping.
+  static void attend_items(const AttentionArgs& a, int64_t i0, int64_t i1, float* scores,
+                           int64_t capacity) {
+    const TokenBatch& b = *a.batch;
+    for (int64_t item = i0; item < i1;) {
+      const int64_t t = item / a.n_heads;
+      const int64_t h0 = item % a.n_heads;
+      const int64_t h_end = std::min(a.n_heads, h0 + (i1 - item));
+      const int64_t n_keys = b.positions[t] + 1;
+      const int64_t per_pass = std::max<int64_t>(1, capacity / n_keys);
+      for (int64_t hb = h0; hb < h_end; hb += per_pass) {
+        attend_heads(a, t, hb, std::min(h_end, hb + per_pass), scores);
+      }
+      item += h_end - h0;
+    }
+  }
+
+  // Attention of token t's heads [h0, h1); head h - h0's scores go to scores + (h - h0) * n_keys.
+  static void attend_heads(const AttentionArgs& a, int64_t t, int64_t h0, int64_t h1,
+                           float* scores) {
     const TokenBatch& b = *a.batch;
     const int64_t hd = a.head_dim;
-    const int64_t q_stride = a.n_heads * hd;
     const int64_t kv_dim = a.kv.kv_dim;
     const int64_t bs = a.kv.block_size;
     const int64_t group = a.n_heads / a.n_kv_heads;
     const float scale_div = std::sqrt(static_cast<float>(hd));
-    for (int64_t item = i0; item < i1; ++item) {
-      const int64_t t = item / a.n_heads;
-      const int64_t h = item % a.n_heads;
-      const int64_t n_keys = b.positions[t] + 1;
-      const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t]];
-      const float* q = a.q + t * q_stride + h * hd;
-      const int64_t kv_off = (h / group) * hd;
-      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-        const float* k = a.kv.k(a.layer, table[blk]) + kv_off;
-        const int64_t n = std::min(bs, n_keys - j0);
-        for (int64_t j = 0; j < n; ++j) scores[j0 + j] = cpu::dot_f32(q, k + j * kv_dim, hd) / scale_div;
+    const int64_t nh = h1 - h0;
+    const int64_t n_keys = b.positions[t] + 1;
+    const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t]];
+    const float* q = a.q + t * a.n_heads * hd;
+    float* out = a.out + t * a.n_heads * hd;
+    for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+      const float* k = a.kv.k(a.layer, table[blk]);
+      const int64_t n = std::min(bs, n_keys - j0);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = k + j * kv_dim;
+        for (int64_t i = 0; i < nh; ++i) {
+          const int64_t h = h0 + i;
+          scores[i * n_keys + j0 + j] =
+              cpu::dot_f32(q + h * hd, row + (h / group) * hd, hd) / scale_div;
+        }
       }
-      cpu::softmax(scores, n_keys);
-      float* out = a.out + t * q_stride + h * hd;
-      std::fill(out, out + hd, 0.0f);
-      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-        const float* v = a.kv.k(a.layer, table[blk]) + bs * kv_dim + kv_off;
-        const int64_t n = std::min(bs, n_keys - j0);
-        for (int64_t j = 0; j < n; ++j) cpu::axpy(out, scores[j0 + j], v + j * kv_dim, hd);
+    }
+    for (int64_t i = 0; i < nh; ++i) cpu::softmax(scores + i * n_keys, n_keys);
+    std::fill(out + h0 * hd, out + h1 * hd, 0.0f);
+    for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+      const float* v = a.kv.k(a.layer, table[blk]) + bs * kv_dim;
+      const int64_t n = std::min(bs, n_keys - j0);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = v + j * kv_dim;
+        for (int64_t i = 0; i < nh; ++i) {
+          const int64_t h = h0 + i;
+          cpu::axpy(out + h * hd, scores[i * n_keys + j0 + j], row + (h / group) * hd, hd);
+        }
       }
     }
   }
 
   ThreadPool& pool_;
+  int64_t capacity_ = 0;                    // floats in each scores_ buffer
   std::vector<std::vector<float>> scores_;  // one per pool slot
-  std::vector<int64_t> bounds_;              // attention: first item of each slot, then the end
+  std::vector<int64_t> bounds_;             // attention: first item of each slot, then the end
 };
 
 }  // namespace
