@@ -256,6 +256,21 @@ void register_settings(Config& c, SettingsRegistry& r) {
   r.add_int("engine.max_context", &c.engine.max_context,
             "Longest sequence (prompt + output) in tokens; 0 = the model's context length.", 0,
             1 << 24, "--max-context");
+  r.add_int("engine.block_size", &c.engine.block_size, "Tokens per KV block.", 1, 4096,
+            "--block-size");
+  r.add_int("engine.kv_blocks", &c.engine.kv_blocks,
+            "KV pool size in blocks; 0 = sized from engine.kv_cache_bytes.", 0, 1 << 30,
+            "--kv-blocks");
+  r.add_int("engine.kv_cache_bytes", &c.engine.kv_cache_bytes,
+            "KV pool memory budget in bytes (used when engine.kv_blocks is 0).", 1 << 20,
+            int64_t{1} << 50, "--kv-cache-bytes");
+  r.add_int("engine.max_tokens_per_step", &c.engine.max_tokens_per_step,
+            "Token budget of one engine step: decode tokens plus prefill chunks.", 1, 1 << 20,
+            "--max-tokens-per-step");
+  r.add_int("engine.max_num_seqs", &c.engine.max_num_seqs,
+            "Most sequences running at once.", 1, 1 << 16, "--max-num-seqs");
+  r.add_bool("engine.prefix_caching", &c.engine.prefix_caching,
+             "Reuse cached full KV blocks of earlier prompts (prefix cache).");
   r.add_string("transfer.provider", &c.transfer.provider,
                "libfabric provider: auto (efa, verbs;ofi_rxm, shm on one host, tcp;ofi_rxm) or a "
                "name as libfabric spells it (tcp;ofi_rxm, shm, efa, ...).",

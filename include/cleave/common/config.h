@@ -82,6 +82,12 @@ struct ModelSettings {
 struct EngineSettings {
   int64_t threads = 0;      // compute threads; 0 = one per online CPU
   int64_t max_context = 0;  // 0 = the model's context length
+  int64_t block_size = 16;                 // tokens per KV block
+  int64_t kv_blocks = 0;                   // > 0: the KV pool's block count (wins over the budget)
+  int64_t kv_cache_bytes = 256ll << 20;    // else the KV pool's memory budget
+  int64_t max_tokens_per_step = 256;       // token budget of one engine step (chunked prefill)
+  int64_t max_num_seqs = 64;               // most sequences running at once
+  bool prefix_caching = true;              // reuse cached full KV blocks across requests
 };
 
 // The libfabric transfer engine (src/transfer).

@@ -33,6 +33,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "cleave/common/config.h"
 #include "cleave/common/status.h"
 #include "cleave/engine/generator.h"
 #include "cleave/engine/llama_model.h"
@@ -182,5 +183,8 @@ class EngineLoop {
 
   std::thread thread_;
 };
+
+// The engine loop's options from the configuration's engine section.
+EngineLoopOptions engine_loop_options(const EngineSettings& settings);
 
 }  // namespace cleave
