@@ -64,15 +64,7 @@ class BpeTokenizer final : public TokenizerBase {
     return Status::Ok();
   }
 
-  std::string token_to_piece(int32_t id, bool render_special) const override {
-    if (id < 0 || id >= vocab_size()) return "";
-    const std::string& text = spec_.tokens[id];
-    switch (type_of(id)) {
-      case TokenType::kControl: return render_special ? text : "";
-      case TokenType::kUserDefined: return text;
-      case TokenType::kUnused: return "";
-      default: break;
-    }
+  std::string piece_text(int32_t /*id*/, const std::string& text) const override {
     std::string out;
     out.reserve(text.size());
     for (size_t i = 0; i < text.size();) {

@@ -45,12 +45,8 @@ class SpmTokenizer final : public TokenizerBase {
     return Status::Ok();
   }
 
-  std::string token_to_piece(int32_t id, bool render_special) const override {
-    if (id < 0 || id >= vocab_size()) return "";
-    const std::string& text = spec_.tokens[id];
+  std::string piece_text(int32_t id, const std::string& text) const override {
     switch (type_of(id)) {
-      case TokenType::kControl: return render_special ? text : "";
-      case TokenType::kUserDefined: return text;
       case TokenType::kByte: {
         unsigned v = 0;
         if (text.size() == 6 && std::sscanf(text.c_str(), "<0x%02X>", &v) == 1)
@@ -58,7 +54,6 @@ class SpmTokenizer final : public TokenizerBase {
         return text;
       }
       case TokenType::kUnknown: return "\xE2\x96\x85";  // U+2585, as llama.cpp renders it
-      case TokenType::kUnused: return "";
       default: break;
     }
     std::string out;

@@ -99,6 +99,17 @@ void TokenizerBase::split_special(std::string_view text, bool parse_special,
   }
 }
 
+std::string TokenizerBase::token_to_piece(int32_t id, bool render_special) const {
+  if (id < 0 || id >= vocab_size()) return "";
+  const std::string& text = spec_.tokens[static_cast<size_t>(id)];
+  switch (type_of(id)) {
+    case TokenType::kControl: return render_special ? text : "";
+    case TokenType::kUserDefined: return text;
+    case TokenType::kUnused: return "";
+    default: return piece_text(id, text);
+  }
+}
+
 std::vector<int32_t> TokenizerBase::encode(std::string_view text,
                                            const EncodeOptions& opts) const {
   std::vector<int32_t> out;

@@ -22,6 +22,10 @@ struct Fragment {
 class TokenizerBase : public Tokenizer {
  public:
   std::vector<int32_t> encode(std::string_view text, const EncodeOptions& opts) const override;
+  // The rules every model shares: ids out of range and unused tokens give "", control tokens
+  // their text only when render_special, user-defined tokens their text as is. Every other token
+  // is spelled by the model's piece_text().
+  std::string token_to_piece(int32_t id, bool render_special) const final;
 
  protected:
   explicit TokenizerBase(TokenizerSpec spec);
@@ -35,6 +39,10 @@ class TokenizerBase : public Tokenizer {
     auto it = token_index_.find(text);
     return it == token_index_.end() ? -1 : it->second;
   }
+
+  // The bytes of token `id` (in range; not control, user-defined or unused) whose vocabulary
+  // text is `text`.
+  virtual std::string piece_text(int32_t id, const std::string& text) const = 0;
 
   // Appends the ids of one raw-text fragment. `after_special` is true for the first fragment
   // and for fragments that follow a special token (SentencePiece's space prefix rule).
