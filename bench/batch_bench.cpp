@@ -30,6 +30,7 @@
 #include "cleave/model/synth.h"
 #include "cleave/model/tokenizer.h"
 #include "cleave/worker/engine_loop.h"
+#include "bench_json.h"
 
 namespace {
 
@@ -95,16 +96,6 @@ Options parse(int argc, char** argv) {
     else usage("unknown argument '" + a + "'");
   }
   return o;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    else out += c;
-  }
-  return out + "\"";
 }
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -277,7 +268,7 @@ cleave::Status run(Options o) {
     fmt::print(out,
                "{{\"model\": {}, \"parameters\": {}, \"threads\": {}, \"prompt_tokens\": {}, "
                "\"gen_tokens\": {}, \"repeat\": {}, \"rows\": [{}]}}\n",
-               json_string(o.model), params, threads, o.prompt_tokens, o.gen_tokens, o.repeat,
+               cleave::bench::json_string(o.model), params, threads, o.prompt_tokens, o.gen_tokens, o.repeat,
                rows_json);
     if (std::fclose(out) != 0) return cleave::InvalidArgument("cannot write --json file " + o.json);
   }

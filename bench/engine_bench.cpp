@@ -20,6 +20,7 @@
 #include "cleave/engine/llama_model.h"
 #include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/model_file.h"
+#include "bench_json.h"
 #include "copy_bandwidth.h"
 
 namespace {
@@ -78,17 +79,6 @@ Options parse(int argc, char** argv) {
   }
   if (o.model.empty()) usage("--model is required");
   return o;
-}
-
-// A JSON string literal (quotes, backslashes and control characters escaped).
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(c));
-    else out += c;
-  }
-  return out + "\"";
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -179,7 +169,7 @@ cleave::Status run(const Options& o, Figures& f) {
                "\"decode_tokens_per_s\": {:.3f}, \"weight_bytes_per_token\": {}, "
                "\"copy_bandwidth_bytes_per_s\": {:.0f}, \"bandwidth_floor_tokens_per_s\": {:.3f}, "
                "\"decode_over_floor\": {:.4f}, \"read_bandwidth_bytes_per_s\": {:.0f}}}\n",
-               json_string(o.model), cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
+               cleave::bench::json_string(o.model), cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
                o.gen_tokens, f.load_s, f.prefill_tok_s, f.decode_tok_s,
                f.weight_bytes_per_token, f.copy_bytes_per_s, f.floor_tok_s,
                f.decode_over_floor, f.read_bytes_per_s);
