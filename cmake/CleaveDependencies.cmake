@@ -17,3 +17,9 @@ endif()
 if(CLEAVE_BUILD_BENCH)
   find_package(benchmark QUIET)
 endif()
+# Control plane (proto/) and, later, the router's gRPC API.
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_program(CLEAVE_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+# Boost.Beast/Asio (header-only) for the router's HTTP frontend.
+find_package(Boost 1.74 REQUIRED)

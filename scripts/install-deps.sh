@@ -11,6 +11,8 @@ APT_PACKAGES=(
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libicu-dev                        # Unicode categories for the BPE pre-tokenizers
   libfabric-dev                     # transfer engine (tcp, shm, verbs, efa providers)
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # control plane, gRPC API
+  libboost1.81-dev                  # Boost.Beast/Asio: the router's HTTP frontend
 )
 
 SUDO=""

@@ -19,7 +19,6 @@ if(TARGET cleave::transfer)
                                 ${PROJECT_SOURCE_DIR}/src/cli/cmd_bench.cpp)
   target_include_directories(transfer_bench PRIVATE ${PROJECT_SOURCE_DIR}/src/cli)
   target_link_libraries(transfer_bench PRIVATE cleave::transfer CLI11::CLI11 nlohmann_json::nlohmann_json)
-  target_compile_definitions(transfer_bench PRIVATE CLEAVE_HAVE_TRANSFER=1)
   set_target_properties(transfer_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
   add_test(NAME integration_transfer_bench_smoke
            COMMAND transfer_bench bench transfer --provider tcp\;ofi_rxm --sizes 4KiB,1MiB --iters 20

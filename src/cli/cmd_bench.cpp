@@ -5,9 +5,7 @@
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
-#ifdef CLEAVE_HAVE_TRANSFER
 #include "cleave/transfer/transfer_bench.h"
-#endif
 
 namespace cleave::cli {
 
@@ -37,10 +35,6 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--role", a->role, "internal: initiator or target")->group("");
   cmd->add_option("--region-bytes", a->region_bytes, "internal: target region size")->group("");
   cmd->callback([a, exit_code] {
-#ifndef CLEAVE_HAVE_TRANSFER
-    std::cerr << "cleave bench transfer: this build has no transfer engine (CLEAVE_WITH_FABRIC=OFF)\n";
-    *exit_code = 1;
-#else
     using namespace cleave::transfer;
     if (a->role == "target") {
       *exit_code = run_transfer_bench_target(a->provider, a->rails, a->region_bytes);
@@ -88,7 +82,6 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       }
     }
     *exit_code = 0;
-#endif
   });
 }
 

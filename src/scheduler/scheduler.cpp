@@ -54,6 +54,46 @@ Status Scheduler::add(SequenceId id, std::vector<int32_t> prompt) {
   return Status::Ok();
 }
 
+Status Scheduler::add_prefilled(SequenceId id, std::vector<int32_t> prompt, int32_t first_token,
+                                std::vector<BlockId> blocks) {
+  if (prompt.empty()) {
+    return InvalidArgument(fmt::format("scheduler: sequence {} has an empty prompt", id));
+  }
+  if (sequences_.count(id) != 0) {
+    return AlreadyExists(fmt::format("scheduler: sequence id {} is already in use", id));
+  }
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (static_cast<int64_t>(blocks.size()) < blocks_for(prompt_len)) {
+    return InvalidArgument(fmt::format(
+        "scheduler: sequence {} has a prompt of {} tokens but {} KV blocks of {} tokens", id,
+        prompt_len, blocks.size(), block_size_));
+  }
+  if (static_cast<int64_t>(running_.size()) >= opts_.max_num_seqs) {
+    return Unavailable(fmt::format("scheduler: {} sequences are running already", running_.size()));
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->id = id;
+  seq->prompt_len = prompt_len;
+  seq->tokens = std::move(prompt);
+  seq->tokens.push_back(first_token);
+  seq->block_table = std::move(blocks);
+  seq->num_computed_tokens = prompt_len;
+  seq->arrival = next_arrival_++;
+  seq->state = SequenceState::kRunning;
+  if (opts_.prefix_caching) {
+    const int64_t full = prompt_len / block_size_;
+    extend_hashes(*seq, full);
+    for (int64_t b = 0; b < full; ++b) {
+      pool_.register_full_block(seq->block_table[static_cast<size_t>(b)],
+                                seq->block_hashes_[static_cast<size_t>(b)]);
+    }
+    seq->num_registered_blocks_ = full;
+  }
+  running_.push_back(seq.get());
+  sequences_.emplace(id, std::move(seq));
+  return Status::Ok();
+}
+
 int64_t Scheduler::blocks_missing(const Sequence& seq, int64_t end) const {
   return std::max<int64_t>(0, blocks_for(end) - static_cast<int64_t>(seq.block_table.size()));
 }

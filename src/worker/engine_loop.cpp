@@ -2,6 +2,8 @@
 // streaming with the same stop handling as Generator (src/engine/generator.cpp).
 #include "cleave/worker/engine_loop.h"
 
+#include "engine_loop_state.h"
+
 #include <algorithm>
 #include <exception>
 
@@ -21,20 +23,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
-
-struct EngineLoop::RequestState {
-  RequestState(RequestId rid, SamplingParams p, EngineEventCallback cb, const Tokenizer& tok)
-      : id(rid), params(std::move(p)), on_event(std::move(cb)), decoder(tok), stops(params.stop) {}
-  RequestId id;
-  SamplingParams params;
-  EngineEventCallback on_event;
-  std::vector<int32_t> end_ids;  // ends generation; suppressed before min_tokens
-  StreamDecoder decoder;
-  StopMatcher stops;
-  int64_t prompt_tokens = 0;
-  int64_t cached_prompt_tokens = -1;  // set at the first admission
-  int64_t generated = 0;
-};
 
 Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaModel> model,
                                                        std::shared_ptr<const Tokenizer> tokenizer,
@@ -123,12 +111,31 @@ Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {
         "{} blocks in all (raise the KV cache size)",
         request.id, prompt.size(), need, bs, pool_->total_blocks()));
   }
+  if (request.prefilled && (request.first_token < 0 || request.first_token >= vocab_)) {
+    return InvalidArgument(fmt::format("request {}: first token {} is outside the vocabulary [0, {})",
+                                       request.id, request.first_token, vocab_));
+  }
+  if (request.prefilled && request.kv_export) {
+    return InvalidArgument(
+        fmt::format("request {}: a request cannot be both prefilled and exported", request.id));
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_) return Unavailable(fmt::format("request {}: the engine is shutting down", request.id));
-    if (!in_flight_.insert(request.id).second) {
+    if (in_flight_.count(request.id) != 0) {
       return AlreadyExists(fmt::format("request id {} is already in flight", request.id));
     }
+    if (request.prefilled) {
+      if (reserved_ids_.erase(request.id) == 0) {
+        return FailedPrecondition(fmt::format(
+            "request {}: no KV reservation under this id (never made, released, or its lease "
+            "ended)",
+            request.id));
+      }
+    } else if (reserved_ids_.count(request.id) != 0) {
+      return AlreadyExists(fmt::format("request id {} holds a KV reservation", request.id));
+    }
+    in_flight_.insert(request.id);
     incoming_.push_back(Submission{std::move(request), std::move(on_event)});
     idle_ = false;
     ++published_.requests_submitted;
@@ -176,7 +183,11 @@ void EngineLoop::publish_stats() {
     published_.blocks_used = pool_->used_blocks();
     published_.scheduler = scheduler_.counters();
     published_.evictions = pool_->evictions();
-    if (idle && incoming_.empty()) idle_ = true;
+    published_.reservations = static_cast<int64_t>(reservations_.size());
+    published_.blocks_reserved = blocks_reserved_;
+    published_.blocks_pinned = blocks_pinned_;
+    if (idle && incoming_.empty() && reserves_.empty() && reservations_.empty() && pinned_.empty())
+      idle_ = true;
   }
   idle_cv_.notify_all();
 }
@@ -184,22 +195,51 @@ void EngineLoop::publish_stats() {
 void EngineLoop::run() {
   set_thread_name(opts_.thread_name);
   std::vector<Submission> incoming;
-  std::vector<RequestId> cancels;
+  std::vector<RequestId> cancels, reservation_releases, pin_releases;
+  std::vector<std::shared_ptr<ReserveOp>> reserves;
   for (;;) {
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      work_cv_.wait(lk, [&] {
-        return stopping_ || !incoming_.empty() || !cancels_.empty() || !requests_.empty();
-      });
+      const auto has_work = [&] {
+        return stopping_ || !incoming_.empty() || !cancels_.empty() || !requests_.empty() ||
+               !reserves_.empty() || !reservation_releases_.empty() || !pin_releases_.empty();
+      };
+      if (reservations_.empty()) {
+        work_cv_.wait(lk, has_work);
+      } else {
+        auto deadline = std::chrono::steady_clock::time_point::max();
+        for (const auto& [id, res] : reservations_) deadline = std::min(deadline, res.deadline);
+        work_cv_.wait_until(lk, deadline, has_work);
+      }
       incoming.swap(incoming_);
       cancels.swap(cancels_);
+      reserves.swap(reserves_);
+      reservation_releases.swap(reservation_releases_);
+      pin_releases.swap(pin_releases_);
       stopping = stopping_;
     }
+    for (RequestId id : pin_releases) release_pinned_now(id);
+    pin_releases.clear();
+    for (auto& op : reserves) {
+      if (stopping) {
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          reserved_ids_.erase(op->id);
+        }
+        op->reply.set_value(Unavailable("the engine is shutting down"));
+      } else {
+        reserve_now(*op);
+      }
+    }
+    reserves.clear();
+    for (RequestId id : reservation_releases) release_reservation_now(id, false);
+    reservation_releases.clear();
     for (Submission& s : incoming) admit(std::move(s.request), std::move(s.on_event));
     incoming.clear();
     for (RequestId id : cancels) cancel_now(id);
     cancels.clear();
+    expire_leases();
     if (stopping) {
       std::vector<RequestId> ids;
       for (const auto& [id, r] : requests_) ids.push_back(id);
@@ -209,10 +249,14 @@ void EngineLoop::run() {
       {
         std::lock_guard<std::mutex> lk(mu_);
         stopped_ = true;
+        // Reserves that came in after the swap above: refuse them (the thread is leaving).
+        for (auto& op : reserves_) op->reply.set_value(Unavailable("the engine is shutting down"));
+        reserves_.clear();
       }
       idle_cv_.notify_all();
       return;
     }
+    admit_pending_prefilled();
     if (!scheduler_.idle()) step();
     publish_stats();
   }
@@ -229,6 +273,11 @@ void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb) {
   // As Generator: the decoder strips the leading space of its first piece, which is right only
   // after BOS; otherwise it is primed with the last prompt token, whose text is not output.
   if (req.prompt.back() != tokenizer_->bos_id()) (void)r->decoder.push(req.prompt.back());
+  if (req.prefilled) {
+    admit_prefilled(std::move(req), std::move(r));
+    return;
+  }
+  r->sink = std::move(req.kv_export);
   const RequestId id = req.id;
   const Status added = scheduler_.add(id, std::move(req.prompt));
   requests_.emplace(id, std::move(r));
@@ -265,8 +314,18 @@ void EngineLoop::step() {
     }
     batch_.push_back(BatchSequence{c.tokens(), c.start_pos, c.seq->block_table, logits});
   }
+  exports_.clear();
+  for (const ScheduledChunk& c : plan_.chunks) {
+    auto it = requests_.find(c.seq->id);
+    if (it == requests_.end() || !it->second->sink) continue;
+    RequestState& r = *it->second;
+    exports_.push_back(ExportChunk{&r, c.seq, std::min(r.export_from, c.start_pos),
+                                   c.start_pos + c.num_tokens, c.samples});
+  }
+  ForwardHooks hooks;
+  if (!exports_.empty()) hooks.on_layer_done = [this](int64_t layer) { export_layer(layer); };
   const auto t0 = std::chrono::steady_clock::now();
-  const Status st = model_->forward_batch(batch_, *pool_);
+  const Status st = model_->forward_batch(batch_, *pool_, hooks);
   local_stats_.forward_seconds += seconds_since(t0);
   ++local_stats_.forward_passes;
   if (!st.ok()) {
@@ -278,14 +337,25 @@ void EngineLoop::step() {
     return;
   }
   scheduler_.complete(plan_);
+  for (const ExportChunk& e : exports_) e.request->export_from = std::max(e.request->export_from, e.end);
 
   row = 0;
   for (const ScheduledChunk& c : plan_.chunks) {
+    const bool samples = c.samples;
     auto it = requests_.find(c.seq->id);
-    if (it == requests_.end()) continue;
+    if (it == requests_.end()) {
+      if (samples) ++row;
+      continue;
+    }
     RequestState& r = *it->second;
     if (r.cached_prompt_tokens < 0) r.cached_prompt_tokens = c.seq->num_cached_prompt_tokens;
-    if (!c.samples) continue;
+    if (r.export_failed) {
+      if (samples) ++row;
+      fail(r.id, Unavailable(fmt::format(
+                     "request {}: the transfer of its KV to the decode worker failed", r.id)));
+      continue;
+    }
+    if (!samples) continue;
     std::span<float> logits = std::span<float>(logits_).subspan(
         row * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_));
     ++row;
@@ -339,6 +409,12 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
     finish(r, ev);
     return;
   }
+  if (r.sink) {  // a prefill: the decode worker goes on from this token
+    ev.handoff = true;
+    ev.finish_reason = FinishReason::kLength;
+    finish(r, ev);
+    return;
+  }
   const Status appended = scheduler_.append_token(r.id, ev.token);
   if (!appended.ok()) {
     fail(r.id, Internal(appended.message()));
@@ -354,8 +430,27 @@ void EngineLoop::finish(RequestState& r, EngineEvent& ev) {
   ev.prompt_tokens = r.prompt_tokens;
   ev.cached_prompt_tokens = std::max<int64_t>(0, r.cached_prompt_tokens);
   ev.generated_tokens = r.generated;
-  if (const Sequence* seq = scheduler_.find(id)) ev.preemptions = seq->preemptions;
-  (void)scheduler_.finish(id);  // blocks back before the event goes out
+  const Sequence* seq = scheduler_.find(id);
+  if (seq != nullptr) ev.preemptions = seq->preemptions;
+  if (seq != nullptr && r.sink) {
+    // Writes of this prefill may still be reading its blocks: hold them until release_pinned().
+    std::vector<BlockId>& pins = pinned_[id];
+    for (BlockId b : seq->block_table) {
+      pool_->acquire(b);
+      pins.push_back(b);
+    }
+    blocks_pinned_ += static_cast<int64_t>(seq->block_table.size());
+    std::lock_guard<std::mutex> lk(mu_);
+    pinned_ids_.insert(id);
+  }
+  if (!scheduler_.finish(id)) {  // blocks back before the event goes out
+    auto pending = std::find_if(prefilled_pending_.begin(), prefilled_pending_.end(),
+                                [id](const PendingPrefilled& p) { return p.id == id; });
+    if (pending != prefilled_pending_.end()) {
+      pool_->release(pending->blocks);
+      prefilled_pending_.erase(pending);
+    }
+  }
   if (!ev.error.ok()) {
     ++local_stats_.requests_failed;
   } else if (ev.finish_reason == FinishReason::kCancelled) {

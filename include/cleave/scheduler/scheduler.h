@@ -142,6 +142,15 @@ class Scheduler {
   // id in use; ResourceExhausted when the prompt and one generated token need more blocks than
   // the whole pool has.
   Status add(SequenceId id, std::vector<int32_t> prompt);
+  // Adds a sequence whose prompt KV is already in `blocks` (written there by a prefill worker;
+  // block i holds positions [i*bs, (i+1)*bs)) and whose first generated token is
+  // `first_token`. It starts running at once with num_computed_tokens = prompt length, taking
+  // over one reference on each block; its next chunk is the decode of first_token. Its full
+  // prompt blocks enter the prefix cache. InvalidArgument for an empty prompt or blocks that do
+  // not cover it; AlreadyExists for an id in use; Unavailable (nothing taken) when
+  // max_num_seqs sequences are running: try again after a step.
+  Status add_prefilled(SequenceId id, std::vector<int32_t> prompt, int32_t first_token,
+                       std::vector<BlockId> blocks);
 
   // Plans the next step into `plan` (cleared first; its vectors keep their capacity). Blocks
   // for every scheduled chunk are allocated here. Sequences in plan.failed are already removed.

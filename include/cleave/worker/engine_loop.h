@@ -16,17 +16,34 @@
 // finished event without a token (finish reason kCancelled, or a non-OK `error`). After its
 // finished event a request's blocks are back in the pool and its id may be reused.
 //
-// Thread-safety: submit(), cancel(), stats(), wait_idle() and shutdown() may be called from any
-// thread. Callbacks run on the engine thread, one at a time, without any lock held: they may call
+// Disaggregation (DESIGN.md §1):
+// - Prefill side: a request with `kv_export` set is a prefill whose decoding happens elsewhere.
+//   After each forward pass the loop hands every layer's newly computed K/V of the request to
+//   the sink, layer by layer, as soon as that layer is done (on_layer_ready, on the engine
+//   thread, inside the forward pass). The request ends after its first sampled token: the
+//   finished event carries that token, with handoff = true when generation goes on (no end
+//   token, stop string or max_tokens reached). After its finished event, whatever the outcome
+//   (handoff, end, cancel, error), the blocks it held stay held ("pinned"), so that writes
+//   still in flight read what was computed and nothing else, until release_pinned(id).
+// - Decode side: reserve(id, n) sets aside blocks for a prompt whose KV another worker writes,
+//   for a lease. A later submit() of the same id with `prefilled` set consumes the reservation:
+//   the sequence starts running from the given first token with the prompt's KV taken as
+//   present (only call it once the KV is in place). An unconsumed reservation goes back to the
+//   pool when its lease ends (counted in stats().leases_expired) or on release_reservation().
+//
+// Thread-safety: submit(), cancel(), reserve(), release_reservation(), release_pinned(),
+// stats(), wait_idle() and shutdown() may be called from any thread. Callbacks run on the engine thread, one at a time, without any lock held: they may call
 // submit() and cancel(), and should return quickly (they hold up every request).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -54,10 +71,33 @@ struct EngineLoopOptions {
   std::string thread_name = "engine";
 };
 
+// Receives a prefill's KV as it is computed (see "Disaggregation" above). Called on the engine
+// thread inside the forward pass: must not block (queue the transfer and return).
+class KvExportSink {
+ public:
+  virtual ~KvExportSink() = default;
+  // K/V of positions [begin, end) of `layer` are in the pool, in `block_table` (block i holds
+  // positions [i*block_size, (i+1)*block_size)). Every layer of a step comes in order. The first
+  // call for a request covers the prompt from 0, prefix-cache hits included; later ones each
+  // step's chunk (a chunk recomputed after a preemption comes again, with the same values).
+  // `last` is true for the step that completes the prompt. Return false when the transfer
+  // failed: the request then ends with an Unavailable error event after this step.
+  virtual bool on_layer_ready(int64_t layer, int64_t begin, int64_t end,
+                              std::span<const BlockId> block_table, bool last) = 0;
+};
+
 struct EngineRequest {
   RequestId id = 0;
   std::vector<int32_t> prompt;  // token ids (BOS included when the model wants one)
   SamplingParams params;
+  // Prefill side: export the KV here and stop after the first token (see above).
+  std::shared_ptr<KvExportSink> kv_export;
+  // Decode side: the prompt's KV is in the blocks reserved under this id, and `first_token` was
+  // sampled by the prefill (and already streamed by the caller). Generation goes on from it:
+  // its text is not sent again, and it counts as the first generated token for max_tokens,
+  // min_tokens, penalties and stop handling.
+  bool prefilled = false;
+  int32_t first_token = 0;
 };
 
 struct EngineEvent {
@@ -75,6 +115,9 @@ struct EngineEvent {
   int64_t cached_prompt_tokens = 0;  // served by the prefix cache when first admitted
   int64_t generated_tokens = 0;      // tokens sampled, a final EOS / stop token included
   int32_t preemptions = 0;
+  // A kv_export request that ended after its first token because generation continues on the
+  // decode worker (finish_reason is kLength then and means nothing).
+  bool handoff = false;
 };
 using EngineEventCallback = std::function<void(const EngineEvent&)>;
 
@@ -97,6 +140,12 @@ struct EngineStats {
   uint64_t tokens_generated = 0;
   uint64_t forward_passes = 0;
   double forward_seconds = 0;       // time inside forward_batch
+  // Disaggregation.
+  int64_t reservations = 0;         // reservations not yet consumed or ended
+  int64_t blocks_reserved = 0;      // blocks those hold
+  int64_t blocks_pinned = 0;        // blocks of ended prefills held until release_pinned()
+  uint64_t leases_expired = 0;      // reservations whose lease ended unconsumed
+  uint64_t reservations_released = 0;  // ended by release_reservation()
 };
 
 class EngineLoop {
@@ -122,6 +171,22 @@ class EngineLoop {
   // first) and its blocks are freed in the next step. false when the id is not in flight.
   bool cancel(RequestId id);
 
+  // Decode side: reserves the blocks for a prompt of `num_tokens` tokens (positions
+  // [0, num_tokens)) under `id`, until `lease` from now. Waits for the engine thread (at most
+  // one step). InvalidArgument for num_tokens < 1; OutOfRange when it does not fit the context;
+  // AlreadyExists when the id has a reservation or is in flight; ResourceExhausted when the
+  // pool cannot give the blocks now (nothing is taken or evicted then); Unavailable after
+  // shutdown(). The block ids come back in position order.
+  Result<std::vector<BlockId>> reserve(RequestId id, int64_t num_tokens,
+                                       std::chrono::milliseconds lease);
+  // Gives a reservation's blocks back (in the engine's next iteration; does not wait). false
+  // when there is none under `id` (consumed, released or expired).
+  bool release_reservation(RequestId id);
+  // Prefill side: releases the blocks a kv_export request kept after its finished event (call
+  // it once its transfer has ended, successfully or not). Does not wait. false when nothing is
+  // pinned for id.
+  bool release_pinned(RequestId id);
+
   EngineStats stats() const;
   // Blocks until every submitted request has ended and its blocks are released, or `timeout`;
   // false on timeout.
@@ -132,6 +197,9 @@ class EngineLoop {
 
   const ModelConfig& config() const { return model_->config(); }
   const KvLayout& kv_layout() const { return pool_->layout(); }
+  // The KV pool's buffer (for registration with the transfer engine); fixed for the loop's life.
+  std::byte* kv_data() const { return pool_->data(); }
+  uint64_t kv_bytes() const { return pool_->size_bytes(); }
 
  private:
   struct RequestState;
@@ -148,6 +216,15 @@ class EngineLoop {
   void fail(RequestId id, const Status& error);
   void deliver(RequestState& r, const EngineEvent& ev);
   void publish_stats();
+  // Disaggregation, engine thread.
+  struct ReserveOp;
+  void reserve_now(ReserveOp& op);
+  void release_reservation_now(RequestId id, bool expired);
+  void release_pinned_now(RequestId id);
+  void expire_leases();
+  void admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestState> r);
+  void admit_pending_prefilled();
+  void export_layer(int64_t layer);
 
   std::unique_ptr<LlamaModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -164,6 +241,28 @@ class EngineLoop {
   std::vector<BatchSequence> batch_;
   std::vector<float> logits_;  // max_num_seqs rows of vocab_size
   EngineStats local_stats_;
+  struct Reservation {
+    std::vector<BlockId> blocks;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::unordered_map<RequestId, Reservation> reservations_;
+  std::unordered_map<RequestId, std::vector<BlockId>> pinned_;
+  struct PendingPrefilled {  // the KV is in place; waits for a running slot (max_num_seqs)
+    RequestId id;
+    std::vector<int32_t> prompt;
+    int32_t first_token;
+    std::vector<BlockId> blocks;
+  };
+  std::deque<PendingPrefilled> prefilled_pending_;
+  struct ExportChunk {  // a kv_export request's share of the step being computed
+    RequestState* request;
+    const Sequence* seq;
+    int64_t begin, end;
+    bool last;
+  };
+  std::vector<ExportChunk> exports_;
+  int64_t blocks_reserved_ = 0;
+  int64_t blocks_pinned_ = 0;
 
   // Shared with the submitting threads, under mu_.
   mutable std::mutex mu_;
@@ -176,6 +275,11 @@ class EngineLoop {
   std::vector<Submission> incoming_;
   std::vector<RequestId> cancels_;
   std::unordered_set<RequestId> in_flight_;  // submitted and not yet finished
+  std::vector<std::shared_ptr<ReserveOp>> reserves_;
+  std::vector<RequestId> reservation_releases_;
+  std::vector<RequestId> pin_releases_;
+  std::unordered_set<RequestId> reserved_ids_;  // asked for, made, and not consumed or ended
+  std::unordered_set<RequestId> pinned_ids_;
   bool stopping_ = false;
   bool stopped_ = false;  // the engine thread has exited
   bool idle_ = true;

@@ -486,3 +486,49 @@ TEST(SchedulerTest, RandomWorkloadTightBlocksPreemptsAndDrains) {
 
 }  // namespace
 }  // namespace cleave
+
+namespace cleave {
+namespace {
+
+TEST(SchedulerTest, PrefilledSequenceRunsFromItsFirstToken) {
+  auto pool = make_pool(16);
+  Scheduler s(*pool, opts(64, 1));
+  std::vector<BlockId> blocks;
+  ASSERT_TRUE(pool->allocate(3, blocks).ok());  // a prompt of 10 tokens: positions 0..9
+  EXPECT_EQ(s.add_prefilled(1, iota_tokens(10), 99, {blocks[0]}).code(),
+            StatusCode::kInvalidArgument);  // one block cannot hold 10 tokens
+  EXPECT_EQ(s.add_prefilled(1, {}, 99, blocks).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(s.add_prefilled(1, iota_tokens(10), 99, blocks).ok());
+  EXPECT_EQ(s.add_prefilled(1, iota_tokens(10), 99, blocks).code(), StatusCode::kAlreadyExists);
+  // max_num_seqs is 1: a second waits for a slot.
+  std::vector<BlockId> more;
+  ASSERT_TRUE(pool->allocate(1, more).ok());
+  EXPECT_EQ(s.add_prefilled(2, iota_tokens(3), 5, more).code(), StatusCode::kUnavailable);
+  pool->release(more);
+
+  const Sequence* seq = s.find(1);
+  ASSERT_NE(seq, nullptr);
+  EXPECT_EQ(seq->state, SequenceState::kRunning);
+  EXPECT_EQ(seq->num_computed_tokens, 10);
+  EXPECT_EQ(seq->tokens.back(), 99);
+  EXPECT_EQ(seq->num_generated(), 1);
+  // Full prompt blocks (two of 4 tokens) entered the prefix cache.
+  const auto keys = hash_full_blocks(iota_tokens(10), 4);
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(pool->lookup(keys[0]), blocks[0]);
+  EXPECT_EQ(pool->lookup(keys[1]), blocks[1]);
+
+  StepPlan plan;
+  s.schedule(plan);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].start_pos, 10);
+  EXPECT_EQ(plan.chunks[0].num_tokens, 1);
+  EXPECT_TRUE(plan.chunks[0].samples);
+  run_step(s, plan);
+  EXPECT_EQ(s.find(1)->num_computed_tokens, 11);
+  EXPECT_TRUE(s.finish(1));
+  EXPECT_EQ(pool->used_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace cleave

@@ -1,0 +1,37 @@
+// Private to the engine loop's .cpp files: per-request state and small helpers.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+
+#include "cleave/worker/engine_loop.h"
+
+namespace cleave {
+
+struct EngineLoop::RequestState {
+  RequestState(RequestId rid, SamplingParams p, EngineEventCallback cb, const Tokenizer& tok)
+      : id(rid), params(std::move(p)), on_event(std::move(cb)), decoder(tok), stops(params.stop) {}
+  RequestId id;
+  SamplingParams params;
+  EngineEventCallback on_event;
+  std::vector<int32_t> end_ids;  // ends generation; suppressed before min_tokens
+  StreamDecoder decoder;
+  StopMatcher stops;
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = -1;  // set at the first admission
+  int64_t generated = 0;
+  // kv_export (prefill side): positions below export_from have been handed to the sink.
+  std::shared_ptr<KvExportSink> sink;
+  int64_t export_from = 0;
+  bool export_failed = false;
+};
+
+struct EngineLoop::ReserveOp {
+  RequestId id = 0;
+  int64_t num_tokens = 0;
+  std::chrono::milliseconds lease{0};
+  std::promise<Result<std::vector<BlockId>>> reply;
+};
+
+}  // namespace cleave

@@ -1,0 +1,324 @@
+// The engine loop's side of the KV handoff, with two engine loops in one process and a sink
+// that copies each layer's K/V rows from the prefill pool into the decode pool's reserved blocks
+// as the layer is computed (the transfer engine's part is tested in kv_export_test and the
+// multi-process integration tests). A request run as prefill on one loop and decode on the other
+// gives exactly what Generator gives alone; reservations expire after their lease; pinned blocks
+// go back on release_pinned; a failing sink ends the prefill with an error.
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "engine_test_util.h"
+
+namespace cleave {
+namespace {
+
+using namespace testing_engine;
+using namespace std::chrono_literals;
+
+// Copies rows [begin, end) of a layer from one pool to another, checking that nothing is
+// exported twice out of order and that the last call comes last.
+class CopySink : public KvExportSink {
+ public:
+  CopySink(const EngineLoop& from, const EngineLoop& to, std::vector<BlockId> dest)
+      : from_(from), to_(to), dest_(std::move(dest)) {}
+
+  bool on_layer_ready(int64_t layer, int64_t begin, int64_t end,
+                      std::span<const BlockId> table, bool last) override {
+    ++calls;
+    if (fail_after >= 0 && calls > fail_after) return false;
+    const KvLayout& a = from_.kv_layout();
+    const KvLayout& b = to_.kv_layout();
+    const uint64_t row = static_cast<uint64_t>(a.kv_dim()) * sizeof(float);
+    const uint64_t v_off = static_cast<uint64_t>(a.block_size) * row;
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t blk = p / a.block_size, off = p % a.block_size;
+      const std::byte* src = from_.kv_data() + a.offset(layer, table[static_cast<size_t>(blk)]) + off * row;
+      std::byte* dst = to_.kv_data() + b.offset(layer, dest_[static_cast<size_t>(blk)]) + off * row;
+      std::memcpy(dst, src, row);
+      std::memcpy(dst + v_off, src + v_off, row);
+    }
+    if (layer == a.n_layers - 1) {
+      covered = std::max(covered, end);
+      if (begin > first_begin_seen) first_begin_seen = begin;
+      saw_last = saw_last || last;
+    }
+    return true;
+  }
+
+  int calls = 0;
+  int fail_after = -1;  // >= 0: fail every call after this many
+  int64_t covered = 0;
+  int64_t first_begin_seen = 0;
+  bool saw_last = false;
+
+ private:
+  const EngineLoop& from_;
+  const EngineLoop& to_;
+  std::vector<BlockId> dest_;
+};
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text;
+  std::vector<SampleResult> logprobs;
+  FinishReason reason = FinishReason::kLength;
+  std::string stop_string;
+  Status error;
+  bool handoff = false;
+};
+
+// Runs one request to its finished event on `loop`; appends to `out`.
+Status run_on(EngineLoop& loop, EngineRequest req, Outcome& out) {
+  std::promise<void> done;
+  auto fut = done.get_future();
+  const Status st = loop.submit(std::move(req), [&](const EngineEvent& ev) {
+    if (ev.has_token) {
+      out.tokens.push_back(ev.token);
+      out.logprobs.push_back(ev.sample);
+    }
+    out.text += ev.text;
+    if (ev.finished) {
+      out.reason = ev.finish_reason;
+      out.stop_string = ev.stop_string;
+      out.error = ev.error;
+      out.handoff = ev.handoff;
+      done.set_value();
+    }
+  });
+  if (!st.ok()) return st;
+  if (fut.wait_for(60s) != std::future_status::ready) return DeadlineExceeded("no finished event");
+  return Status::Ok();
+}
+
+class HandoffLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_ = ModelUnderTest::load(synth_path());
+    ASSERT_TRUE(m_.file);
+    reference_ = m_.model();
+  }
+  static void TearDownTestSuite() { remove_synth_dir(); }
+
+  EngineLoopOptions options(int64_t blocks, int64_t step_tokens, int64_t max_seqs = 16) {
+    EngineLoopOptions o;
+    o.block_size = 16;
+    o.num_blocks = blocks;
+    o.scheduler.max_tokens_per_step = step_tokens;
+    o.scheduler.max_num_seqs = max_seqs;
+    return o;
+  }
+
+  // Prefill on `pre`, decode on `dec`; the combined stream.
+  Outcome disaggregated(EngineLoop& pre, EngineLoop& dec, RequestId id,
+                        const std::vector<int32_t>& prompt, const SamplingParams& p) {
+    Outcome out;
+    auto blocks = dec.reserve(id, static_cast<int64_t>(prompt.size()), 10s);
+    EXPECT_TRUE(blocks.ok()) << blocks.status().to_string();
+    if (!blocks.ok()) return out;
+    auto sink = std::make_shared<CopySink>(pre, dec, *blocks);
+    EngineRequest r{id, prompt, p};
+    r.kv_export = sink;
+    Status st = run_on(pre, r, out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    EXPECT_TRUE(out.error.ok()) << out.error.to_string();
+    EXPECT_TRUE(pre.release_pinned(id));
+    EXPECT_EQ(sink->covered, static_cast<int64_t>(prompt.size()));
+    EXPECT_TRUE(sink->saw_last);
+    if (!out.handoff) {
+      EXPECT_TRUE(dec.release_reservation(id));
+      return out;
+    }
+    EngineRequest d{id, prompt, p};
+    d.prefilled = true;
+    d.first_token = out.tokens.at(0);
+    st = run_on(dec, d, out);
+    EXPECT_TRUE(st.ok()) << st.to_string();
+    return out;
+  }
+
+  ModelUnderTest m_;
+  std::unique_ptr<LlamaModel> reference_;
+};
+
+TEST_F(HandoffLoopTest, DisaggregatedEqualsAloneConcurrently) {
+  auto pre = m_.engine(options(256, 48));  // prompts above 48 tokens are chunked
+  auto dec = m_.engine(options(192, 64));
+  ASSERT_TRUE(pre && dec);
+  std::mt19937 rng(11);
+  struct Case {
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+  };
+  std::vector<Case> cases;
+  const auto shared = random_prompt(rng, *m_.tok, 512, 40);
+  for (int i = 0; i < 24; ++i) {
+    Case c;
+    c.prompt = random_prompt(rng, *m_.tok, 512, 1 + static_cast<int64_t>(rng() % 150));
+    if (i % 4 == 0) {  // a shared prefix: the prefill's prefix cache serves it the second time
+      c.prompt = shared;
+      for (int k = 0; k < i; ++k) c.prompt.push_back(static_cast<int32_t>(3 + k));
+    }
+    c.params.temperature = 0;
+    c.params.max_tokens = 1 + static_cast<int32_t>(rng() % 40);
+    if (i % 6 == 1) c.params.logprobs = 2;
+    if (i % 6 == 2) {
+      c.params.temperature = 0.8f;
+      c.params.seed = rng();
+      c.params.stop = {"a", "e "};
+    }
+    if (i % 6 == 3) c.params.min_tokens = std::min(3, c.params.max_tokens);
+    cases.push_back(std::move(c));
+  }
+  std::vector<Outcome> got(cases.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    threads.emplace_back([&, i] {
+      got[i] = disaggregated(*pre, *dec, 100 + i, cases[i].prompt, cases[i].params);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const GenerationResult want = generate_alone(*reference_, *m_.tok, cases[i].prompt, cases[i].params);
+    const std::string what = fmt::format("case {} ({} prompt tokens)", i, cases[i].prompt.size());
+    EXPECT_TRUE(got[i].error.ok()) << what << ": " << got[i].error.to_string();
+    EXPECT_EQ(got[i].tokens, want.tokens) << what;
+    EXPECT_EQ(got[i].text, want.text) << what;
+    EXPECT_EQ(got[i].reason, want.finish_reason) << what;
+    EXPECT_EQ(got[i].stop_string, want.stop_string) << what;
+    if (!want.logprobs.empty()) {
+      ASSERT_EQ(got[i].logprobs.size(), want.logprobs.size()) << what;
+      for (size_t k = 0; k < want.logprobs.size(); ++k)
+        EXPECT_EQ(got[i].logprobs[k].logprob, want.logprobs[k].logprob) << what;
+    }
+  }
+  EXPECT_GT(pre->stats().scheduler.prompt_tokens_cached, 0u);
+  expect_all_blocks_back(*pre);
+  expect_all_blocks_back(*dec);
+  EXPECT_EQ(dec->stats().leases_expired, 0u);
+}
+
+TEST_F(HandoffLoopTest, PendingWhenDecodeIsFull) {
+  auto pre = m_.engine(options(128, 64));
+  auto dec = m_.engine(options(128, 64, /*max_seqs=*/1));
+  ASSERT_TRUE(pre && dec);
+  std::mt19937 rng(5);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(random_prompt(rng, *m_.tok, 512, 20 + 7 * i));
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 12;
+  p.ignore_eos = true;
+  std::vector<Outcome> got(prompts.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = disaggregated(*pre, *dec, i + 1, prompts[i], p); });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GenerationResult want = generate_alone(*reference_, *m_.tok, prompts[i], p);
+    EXPECT_EQ(got[i].tokens, want.tokens) << i;
+  }
+  expect_all_blocks_back(*pre);
+  expect_all_blocks_back(*dec);
+}
+
+TEST_F(HandoffLoopTest, ReservationLeaseExpiresAndReleases) {
+  auto dec = m_.engine(options(16, 64));
+  ASSERT_TRUE(dec);
+  auto a = dec->reserve(1, 40, 150ms);  // 3 blocks
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->size(), 3u);
+  EXPECT_EQ(dec->stats().blocks_used, 3);
+  EXPECT_EQ(dec->stats().reservations, 1);
+  EXPECT_EQ(dec->reserve(1, 10, 1s).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(dec->reserve(2, 16 * 17, 1s).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(dec->reserve(3, 0, 1s).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dec->reserve(4, 100000, 1s).status().code(), StatusCode::kOutOfRange);
+  auto b = dec->reserve(2, 16 * 13, 10s);  // 13 of the 13 blocks left
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  EXPECT_EQ(dec->reserve(3, 1, 1s).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(dec->release_reservation(2));
+  EXPECT_FALSE(dec->release_reservation(2));
+  // The lease of 1 ends with nobody asking.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (dec->stats().leases_expired == 0 && std::chrono::steady_clock::now() - t0 < 5s)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(dec->stats().leases_expired, 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_FALSE(dec->release_reservation(1));
+  // A prefilled submit after the lease: refused, nothing leaks.
+  EngineRequest late{1, {m_.tok->bos_id(), 5, 6}, SamplingParams{}};
+  late.prefilled = true;
+  late.first_token = 7;
+  EXPECT_EQ(dec->submit(late, nullptr).code(), StatusCode::kFailedPrecondition);
+  expect_all_blocks_back(*dec);
+  EXPECT_EQ(dec->stats().reservations_released, 1u);
+}
+
+TEST_F(HandoffLoopTest, PinnedUntilReleasedAndFailingSinkEndsPrefill) {
+  auto pre = m_.engine(options(64, 16));
+  auto dec = m_.engine(options(64, 64));
+  ASSERT_TRUE(pre && dec);
+  std::mt19937 rng(3);
+  const auto prompt = random_prompt(rng, *m_.tok, 512, 70);  // 5 blocks, 5 chunks of 16
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 8;
+  {
+    auto blocks = dec->reserve(9, 70, 10s);
+    ASSERT_TRUE(blocks.ok());
+    auto sink = std::make_shared<CopySink>(*pre, *dec, *blocks);
+    EngineRequest r{9, prompt, p};
+    r.kv_export = sink;
+    Outcome out;
+    ASSERT_TRUE(run_on(*pre, r, out).ok());
+    EXPECT_TRUE(out.handoff);
+    ASSERT_TRUE(pre->wait_idle(50ms) == false);  // pinned blocks: not idle
+    EXPECT_EQ(pre->stats().blocks_pinned, 5);
+    EXPECT_EQ(pre->stats().blocks_used, 5);
+    EXPECT_TRUE(pre->release_pinned(9));
+    EXPECT_FALSE(pre->release_pinned(9));
+    expect_all_blocks_back(*pre);
+    EXPECT_TRUE(dec->release_reservation(9));
+  }
+  {
+    auto blocks = dec->reserve(10, 70, 10s);
+    ASSERT_TRUE(blocks.ok());
+    auto sink = std::make_shared<CopySink>(*pre, *dec, *blocks);
+    sink->fail_after = 3;  // fails in the second chunk (2 layers per chunk)
+    const auto other = random_prompt(rng, *m_.tok, 512, 70);  // no prefix-cache hit
+    EngineRequest r{10, other, p};
+    r.kv_export = sink;
+    Outcome out;
+    ASSERT_TRUE(run_on(*pre, r, out).ok());
+    EXPECT_EQ(out.error.code(), StatusCode::kUnavailable) << out.error.to_string();
+    EXPECT_TRUE(out.tokens.empty());
+    EXPECT_LE(sink->calls, 4);  // the request ended right after the step that failed
+    EXPECT_TRUE(pre->release_pinned(10));
+    expect_all_blocks_back(*pre);
+    EXPECT_TRUE(dec->release_reservation(10));
+    expect_all_blocks_back(*dec);
+  }
+}
+
+TEST_F(HandoffLoopTest, FirstTokenEndsTheRequest) {
+  auto pre = m_.engine(options(64, 64));
+  auto dec = m_.engine(options(64, 64));
+  ASSERT_TRUE(pre && dec);
+  std::mt19937 rng(8);
+  const auto prompt = random_prompt(rng, *m_.tok, 512, 30);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 1;
+  Outcome out = disaggregated(*pre, *dec, 77, prompt, p);
+  EXPECT_FALSE(out.handoff);
+  EXPECT_EQ(out.reason, FinishReason::kLength);
+  const GenerationResult want = generate_alone(*reference_, *m_.tok, prompt, p);
+  EXPECT_EQ(out.tokens, want.tokens);
+  EXPECT_EQ(out.text, want.text);
+  expect_all_blocks_back(*pre);
+  expect_all_blocks_back(*dec);
+}
+
+}  // namespace
+}  // namespace cleave
