@@ -29,3 +29,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
 else
   echo "install-deps: all Debian packages present" >&2
 fi
+
+# Python packages for the end-to-end tests (real OpenAI clients against `cleave serve`).
+PIP_PACKAGES=(openai)
+pip_missing=()
+for p in "${PIP_PACKAGES[@]}"; do
+  python3 -c "import $p" 2>/dev/null || pip_missing+=("$p")
+done
+if [ "${#pip_missing[@]}" -gt 0 ]; then
+  echo "install-deps: pip installing ${pip_missing[*]}" >&2
+  python3 -m pip install -q "${pip_missing[@]}" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "${pip_missing[@]}"
+else
+  echo "install-deps: all Python packages present" >&2
+fi

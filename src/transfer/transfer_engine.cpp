@@ -1,8 +1,14 @@
 // TransferEngine: provider selection, domains and rails, registration, peers, batches.
 #include "cleave/transfer/transfer_engine.h"
 
+#include <dirent.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <mutex>
 
 #include <cstring>
 #include <random>
@@ -182,6 +188,34 @@ struct TransferEngine::Impl : ProgressDriver {
   }
 };
 
+namespace {
+
+// libfabric 1.17's shm provider names its endpoints "<pid>:<n>:<m>" under /dev/shm, and a process
+// killed with SIGKILL leaves them behind; a later process that gets the same pid then fails
+// fi_enable with EBUSY. Once per process, before its first shm endpoint exists, remove the names
+// of its own pid (no live process can own them) and of pids that no longer exist.
+void remove_stale_shm_names() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    DIR* dir = ::opendir("/dev/shm");
+    if (dir == nullptr) return;
+    const long self = static_cast<long>(::getpid());
+    int removed = 0;
+    while (const dirent* e = ::readdir(dir)) {
+      char* end = nullptr;
+      const long pid = std::strtol(e->d_name, &end, 10);
+      if (end == e->d_name || *end != ':' || pid <= 0) continue;
+      const bool dead = pid != self && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+      if (pid != self && !dead) continue;
+      if (::unlinkat(::dirfd(dir), e->d_name, 0) == 0) ++removed;
+    }
+    ::closedir(dir);
+    if (removed > 0) log::debug("transfer: removed {} stale shm endpoint names", removed);
+  });
+}
+
+}  // namespace
+
 Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_host) {
   settings = s;
   if (settings.rails < 1 || settings.rails > 64) {
@@ -225,6 +259,7 @@ Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_
                                    settings.provider, tried));
   }
   provider = info->fabric_attr->prov_name;
+  if (provider == "shm") remove_stale_shm_names();
   uint64_t mr_mode = info->domain_attr->mr_mode;
   virt_addr = mr_mode & FI_MR_VIRT_ADDR;
   prov_key = mr_mode & FI_MR_PROV_KEY;

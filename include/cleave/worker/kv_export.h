@@ -1,0 +1,101 @@
+// The prefill side of the KV handoff: where a request's KV goes (KvDestination, the decode
+// worker's reservation), the pairing check, the plan of RDMA writes for one layer's newly
+// computed positions, and KvSender, the engine loop's KvExportSink that submits those writes to
+// the transfer engine layer by layer and then sends the notice ordered after them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cleave/common/status.h"
+#include "cleave/kvcache/kv_layout.h"
+#include "cleave/transfer/transfer_engine.h"
+#include "cleave/worker/engine_loop.h"
+
+namespace cleave {
+
+// A decode worker's reservation for one request, as the control plane carries it.
+struct KvDestination {
+  RequestId request_id = 0;
+  std::string worker_id;
+  std::string transfer_address;       // the decode worker's TransferEngine::address()
+  transfer::RemoteDescriptor region;  // its KV pool's registration
+  KvLayout layout;                    // its KV layout (num_blocks is its own pool's)
+  std::string model_fingerprint;
+  std::vector<BlockId> blocks;        // reserved blocks in position order
+  uint64_t notice_tag = 0;            // the notice that says the KV is in place carries this
+  std::chrono::milliseconds lease{0};
+};
+
+// Empty when a prefill worker with (local_fingerprint, local) may write into a decode worker
+// with (remote_fingerprint, remote), else one message naming every field that differs with both
+// values, e.g. "model fingerprint differs (prefill 1a2b..., decode 9f8e...); block_size differs
+// (prefill 16, decode 32)". num_blocks may differ.
+std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
+                             std::string_view remote_fingerprint, const KvLayout& remote);
+
+// Appends to `out` the writes that copy K/V of positions [begin, end) of `layer` from the local
+// pool (registered as `local_region`, blocks `local_blocks` in position order) into the
+// destination's blocks (`remote_blocks`, same positions). A block whose every position is in
+// the range is one write of the whole (layer, block) unit (K and V together), so that runs of
+// consecutive ids on both sides coalesce into one write in the transfer engine; a block the
+// range cuts becomes two writes, its K rows and its V rows of those positions. Writes for
+// disjoint ranges therefore never overlap. Writes come out in position order.
+// Preconditions (asserted): 0 <= begin <= end, blocks cover `end` positions on both sides,
+// layouts compatible (same block_size, kv_dim, dtype).
+void plan_kv_writes(const KvLayout& local, uint64_t local_region,
+                    std::span<const BlockId> local_blocks, const KvLayout& remote,
+                    const transfer::RemoteDescriptor& remote_region,
+                    std::span<const BlockId> remote_blocks, int64_t layer, int64_t begin,
+                    int64_t end, std::vector<transfer::WriteOp>& out);
+
+// The KvExportSink of one prefill request.
+//
+// on_layer_ready (engine thread) plans the layer's writes and submits them as one batch (no
+// waiting). finish() (the RPC handler's thread, after the engine's finished event) sends the
+// notice and waits for every batch and the notice. A failed batch makes the next
+// on_layer_ready return false, so the engine cancels the prefill at once.
+class KvSender final : public KvExportSink {
+ public:
+  // `engine` outlives the sender; `peer` is engine.connect(dest.transfer_address).
+  // InvalidArgument when dest.blocks do not cover `prompt_len` positions or the layouts are
+  // not compatible (pairing_mismatch), FailedPrecondition for a fingerprint mismatch.
+  static Result<std::shared_ptr<KvSender>> create(transfer::TransferEngine& engine, uint64_t peer,
+                                                  const transfer::MemoryRegion& local_region,
+                                                  const KvLayout& local_layout,
+                                                  std::string_view local_fingerprint,
+                                                  KvDestination dest, int64_t prompt_len);
+
+  bool on_layer_ready(int64_t layer, int64_t begin, int64_t end,
+                      std::span<const BlockId> block_table, bool last) override;
+
+  // Sends the notice (dest.notice_tag) ordered after every write, then waits until the notice
+  // is placed at the peer or a batch failed, at most `timeout`. OK means the decode worker can
+  // read the KV. After it returns (whatever the result) no write reads the local blocks any
+  // more, unless it returned DeadlineExceeded with writes still in flight (then call drain()).
+  Status finish(std::chrono::milliseconds timeout);
+  // Waits (at most `timeout`) for every submitted batch to end, successfully or not; for a
+  // prefill that was cancelled or failed before finish(). true when nothing is in flight.
+  bool drain(std::chrono::milliseconds timeout);
+
+  // Bytes submitted so far.
+  uint64_t bytes() const;
+  // Seconds from the end of the last layer's compute of the last chunk (the on_layer_ready call
+  // with last = true for the last layer) to the notice's completion; valid after finish() OK.
+  double tail_seconds() const;
+  // Seconds from the first write's submission to the notice's completion.
+  double transfer_seconds() const;
+
+ private:
+  KvSender() = default;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace cleave
