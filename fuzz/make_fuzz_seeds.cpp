@@ -96,6 +96,24 @@ int main(int argc, char** argv) {
     cleave::SafetensorsWriter empty;
     st("empty.safetensors", empty);
   }
+  // OpenAI request bodies (openai_request_fuzz feeds each input to both request parsers).
+  fs::create_directories(out / "openai_request");
+  const char* requests[] = {
+      R"({"model":"m","prompt":"Once upon a time","max_tokens":16,"temperature":0})",
+      R"({"prompt":[[1,2,3],[4,5]],"n":2,"logprobs":3,"stop":["\n","end"],"seed":-7,"echo":false})",
+      R"({"prompt":["a","b"],"stream":true,"stream_options":{"include_usage":true},"top_k":5,"top_p":0.9,"min_p":0.1})",
+      R"({"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_completion_tokens":8})",
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"text","text":"y"}]},{"role":"assistant","content":null}],"logprobs":true,"top_logprobs":2,"stream":true})",
+      R"({"messages":[{"role":"user","content":"q"}],"stop_token_ids":[2],"ignore_eos":true,"min_tokens":1,"repetition_penalty":1.1,"presence_penalty":0.5,"frequency_penalty":-0.5,"user":"u","chat_template_kwargs":{"k":1}})",
+  };
+  int k = 0;
+  for (const char* r : requests) {
+    const std::string text(r);
+    Bytes b(text.size());
+    std::memcpy(b.data(), text.data(), text.size());
+    if (!save(out / "openai_request" / ("request" + std::to_string(k++) + ".json"), b)) std::exit(1);
+    ++n;
+  }
   std::fprintf(stderr, "make_fuzz_seeds: wrote %d seeds under %s\n", n, out.c_str());
   return 0;
 }

@@ -16,7 +16,7 @@ ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 900
 if [ "$secs" -gt 0 ]; then
   seeds=build-asan/fuzz-seeds
   rm -rf "$seeds" && build-asan/fuzz/make_fuzz_seeds "$seeds"
-  for kind in gguf safetensors; do
+  for kind in gguf safetensors openai_request; do
     corpus=build-asan/fuzz-corpus/$kind
     mkdir -p "$corpus"
     echo "fuzz: ${kind}_fuzz for ${secs}s" >&2
