@@ -1,0 +1,192 @@
+#include "cleave/worker/proto_convert.h"
+
+#include "fmt/format.h"
+
+namespace cleave {
+
+void to_proto(const SamplingParams& p, v1::SamplingParams* out) {
+  out->set_max_tokens(p.max_tokens);
+  out->set_temperature(p.temperature);
+  out->set_top_p(p.top_p);
+  out->set_top_k(p.top_k);
+  out->set_min_p(p.min_p);
+  out->set_seed(p.seed);
+  out->clear_stop();
+  for (const auto& s : p.stop) out->add_stop(s);
+  out->clear_stop_token_ids();
+  for (int32_t id : p.stop_token_ids) out->add_stop_token_ids(id);
+  out->set_presence_penalty(p.presence_penalty);
+  out->set_frequency_penalty(p.frequency_penalty);
+  out->set_repetition_penalty(p.repetition_penalty);
+  out->set_logprobs(p.logprobs);
+  out->set_ignore_eos(p.ignore_eos);
+  out->set_min_tokens(p.min_tokens);
+}
+
+SamplingParams from_proto(const v1::SamplingParams& p) {
+  SamplingParams s;
+  s.max_tokens = p.max_tokens();
+  s.temperature = p.temperature();
+  s.top_p = p.top_p();
+  s.top_k = p.top_k();
+  s.min_p = p.min_p();
+  s.seed = p.seed();
+  s.stop.assign(p.stop().begin(), p.stop().end());
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  s.presence_penalty = p.presence_penalty();
+  s.frequency_penalty = p.frequency_penalty();
+  s.repetition_penalty = p.repetition_penalty();
+  s.logprobs = p.logprobs();
+  s.ignore_eos = p.ignore_eos();
+  s.min_tokens = p.min_tokens();
+  return s;
+}
+
+void to_proto(const KvLayout& l, v1::KvLayoutInfo* out) {
+  out->set_version(l.version);
+  out->set_dtype(std::string(dtype_name(l.dtype)));
+  out->set_block_size(l.block_size);
+  out->set_n_layers(l.n_layers);
+  out->set_n_kv_heads(l.n_kv_heads);
+  out->set_head_dim(l.head_dim);
+  out->set_num_blocks(l.num_blocks);
+}
+
+Result<KvLayout> from_proto(const v1::KvLayoutInfo& l) {
+  const std::optional<DType> dtype = parse_dtype(l.dtype());
+  if (!dtype) return InvalidArgument(fmt::format("KV layout: unknown dtype '{}'", l.dtype()));
+  KvLayout out;
+  out.version = l.version();
+  out.dtype = *dtype;
+  out.block_size = l.block_size();
+  out.n_layers = l.n_layers();
+  out.n_kv_heads = l.n_kv_heads();
+  out.head_dim = l.head_dim();
+  out.num_blocks = l.num_blocks();
+  if (std::string why = out.validate(); !why.empty()) {
+    return InvalidArgument("KV layout: " + why);
+  }
+  return out;
+}
+
+void to_proto(const KvDestination& d, v1::KvDestination* out) {
+  out->set_request_id(d.request_id);
+  out->set_worker_id(d.worker_id);
+  out->set_transfer_address(d.transfer_address);
+  out->set_region(d.region.encode());
+  to_proto(d.layout, out->mutable_layout());
+  out->set_model_fingerprint(d.model_fingerprint);
+  out->clear_block_ids();
+  out->mutable_block_ids()->Reserve(static_cast<int>(d.blocks.size()));
+  for (BlockId b : d.blocks) out->add_block_ids(b);
+  out->set_notice_tag(d.notice_tag);
+  out->set_lease_ms(d.lease.count());
+}
+
+Result<KvDestination> from_proto(const v1::KvDestination& d) {
+  KvDestination out;
+  out.request_id = d.request_id();
+  out.worker_id = d.worker_id();
+  out.transfer_address = d.transfer_address();
+  auto region = transfer::RemoteDescriptor::decode(d.region());
+  if (!region.ok()) {
+    return InvalidArgument(
+        fmt::format("KV destination: bad region descriptor: {}", region.status().message()));
+  }
+  out.region = std::move(*region);
+  CLEAVE_ASSIGN_OR_RETURN(out.layout, from_proto(d.layout()));
+  out.model_fingerprint = d.model_fingerprint();
+  out.blocks.assign(d.block_ids().begin(), d.block_ids().end());
+  for (size_t i = 0; i < out.blocks.size(); ++i) {
+    if (out.blocks[i] < 0 || out.blocks[i] >= out.layout.num_blocks) {
+      return InvalidArgument(fmt::format(
+          "KV destination: block id {} (index {}) is outside the destination's pool of {} blocks",
+          out.blocks[i], i, out.layout.num_blocks));
+    }
+  }
+  out.notice_tag = d.notice_tag();
+  if (d.lease_ms() < 0) {
+    return InvalidArgument(fmt::format("KV destination: negative lease_ms {}", d.lease_ms()));
+  }
+  out.lease = std::chrono::milliseconds(d.lease_ms());
+  return out;
+}
+
+void to_proto(const EngineEvent& ev, v1::TokenEvent* out) {
+  out->set_request_id(ev.id);
+  out->set_has_token(ev.has_token);
+  out->set_token(ev.has_token ? ev.token : 0);
+  out->set_text(ev.text);
+  out->set_logprob(ev.sample.logprob);
+  out->clear_top_logprobs();
+  for (const TokenLogprob& t : ev.sample.top) {
+    v1::TopLogprob* tp = out->add_top_logprobs();
+    tp->set_token(t.token);
+    tp->set_logprob(t.logprob);
+  }
+  out->set_finished(ev.finished);
+  if (ev.finished) {
+    out->set_finish_reason(std::string(finish_reason_name(ev.finish_reason)));
+    out->set_stop_string(ev.stop_string);
+    v1::Usage* u = out->mutable_usage();
+    u->set_prompt_tokens(ev.prompt_tokens);
+    u->set_completion_tokens(ev.generated_tokens);
+    u->set_cached_prompt_tokens(ev.cached_prompt_tokens);
+  } else {
+    out->clear_finish_reason();
+    out->clear_stop_string();
+    out->clear_usage();
+  }
+}
+
+grpc::Status to_grpc(const Status& s) {
+  grpc::StatusCode code = grpc::StatusCode::UNKNOWN;
+  switch (s.code()) {
+    case StatusCode::kOk: return grpc::Status::OK;
+    case StatusCode::kCancelled: code = grpc::StatusCode::CANCELLED; break;
+    case StatusCode::kInvalidArgument: code = grpc::StatusCode::INVALID_ARGUMENT; break;
+    case StatusCode::kDeadlineExceeded: code = grpc::StatusCode::DEADLINE_EXCEEDED; break;
+    case StatusCode::kNotFound: code = grpc::StatusCode::NOT_FOUND; break;
+    case StatusCode::kAlreadyExists: code = grpc::StatusCode::ALREADY_EXISTS; break;
+    case StatusCode::kPermissionDenied: code = grpc::StatusCode::PERMISSION_DENIED; break;
+    case StatusCode::kResourceExhausted: code = grpc::StatusCode::RESOURCE_EXHAUSTED; break;
+    case StatusCode::kFailedPrecondition: code = grpc::StatusCode::FAILED_PRECONDITION; break;
+    case StatusCode::kAborted: code = grpc::StatusCode::ABORTED; break;
+    case StatusCode::kOutOfRange: code = grpc::StatusCode::OUT_OF_RANGE; break;
+    case StatusCode::kUnimplemented: code = grpc::StatusCode::UNIMPLEMENTED; break;
+    case StatusCode::kInternal: code = grpc::StatusCode::INTERNAL; break;
+    case StatusCode::kUnavailable: code = grpc::StatusCode::UNAVAILABLE; break;
+    case StatusCode::kDataLoss: code = grpc::StatusCode::DATA_LOSS; break;
+    case StatusCode::kUnauthenticated: code = grpc::StatusCode::UNAUTHENTICATED; break;
+  }
+  return grpc::Status(code, s.message());
+}
+
+Status from_grpc(const grpc::Status& s) {
+  StatusCode code = StatusCode::kInternal;
+  switch (s.error_code()) {
+    case grpc::StatusCode::OK: return Status::Ok();
+    case grpc::StatusCode::CANCELLED: code = StatusCode::kCancelled; break;
+    case grpc::StatusCode::INVALID_ARGUMENT: code = StatusCode::kInvalidArgument; break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: code = StatusCode::kDeadlineExceeded; break;
+    case grpc::StatusCode::NOT_FOUND: code = StatusCode::kNotFound; break;
+    case grpc::StatusCode::ALREADY_EXISTS: code = StatusCode::kAlreadyExists; break;
+    case grpc::StatusCode::PERMISSION_DENIED: code = StatusCode::kPermissionDenied; break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: code = StatusCode::kResourceExhausted; break;
+    case grpc::StatusCode::FAILED_PRECONDITION: code = StatusCode::kFailedPrecondition; break;
+    case grpc::StatusCode::ABORTED: code = StatusCode::kAborted; break;
+    case grpc::StatusCode::OUT_OF_RANGE: code = StatusCode::kOutOfRange; break;
+    case grpc::StatusCode::UNIMPLEMENTED: code = StatusCode::kUnimplemented; break;
+    case grpc::StatusCode::INTERNAL: code = StatusCode::kInternal; break;
+    case grpc::StatusCode::UNAVAILABLE: code = StatusCode::kUnavailable; break;
+    case grpc::StatusCode::DATA_LOSS: code = StatusCode::kDataLoss; break;
+    case grpc::StatusCode::UNAUTHENTICATED: code = StatusCode::kUnauthenticated; break;
+    case grpc::StatusCode::UNKNOWN:
+    default:
+      return Internal(s.error_message().empty() ? "unknown gRPC error"
+                                                : "unknown gRPC error: " + s.error_message());
+  }
+  return Status(code, s.error_message());
+}
+
+}  // namespace cleave

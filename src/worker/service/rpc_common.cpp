@@ -1,0 +1,142 @@
+// The RPCs every role serves: GetInfo, GetLoad, GetMetrics, Abort; and the shared helpers.
+#include <unistd.h>
+
+#include "cleave/common/log.h"
+#include "cleave/worker/proto_convert.h"
+#include "fmt/format.h"
+#include "worker_core.h"
+
+namespace cleave::worker_service {
+
+inline constexpr std::string_view kWorkerVersion = "0.1.0";
+
+std::string_view grpc_code_name(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+Result<uint64_t> WorkerCore::peer_for(const std::string& address) {
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    if (auto it = peers_.find(address); it != peers_.end()) return it->second;
+  }
+  // connect() is idempotent per peer engine, so two racing first requests get one id.
+  CLEAVE_ASSIGN_OR_RETURN(uint64_t peer, transfer->connect(address));
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  peers_[address] = peer;
+  return peer;
+}
+
+void WorkerCore::forget_peer(const std::string& address) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  peers_.erase(address);
+}
+
+void WorkerCore::mark_aborted(RequestId id) {
+  std::lock_guard<std::mutex> lock(aborted_mu_);
+  aborted_.insert(id);
+}
+
+bool WorkerCore::take_aborted(RequestId id) {
+  std::lock_guard<std::mutex> lock(aborted_mu_);
+  return aborted_.erase(id) > 0;
+}
+
+grpc::Status WorkerRpcs::wrong_role(std::string_view rpc, std::string_view served_by) const {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                      fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",
+                                  rpc, core_.id, worker_role_name(core_.role), served_by));
+}
+
+grpc::Status WorkerRpcs::done(std::string_view rpc, grpc::Status s) {
+  core_.metrics.count_rpc(rpc, grpc_code_name(s.error_code()));
+  if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
+    log::debug("worker {}: {} -> {}: {}", core_.id, rpc, grpc_code_name(s.error_code()),
+               s.error_message());
+  }
+  return s;
+}
+
+grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+                                 v1::WorkerInfo* out) {
+  out->set_worker_id(core_.id);
+  out->set_role(std::string(worker_role_name(core_.role)));
+  out->set_model_name(core_.model_name);
+  out->set_model_fingerprint(core_.model_fingerprint);
+  to_proto(core_.engine->kv_layout(), out->mutable_kv_layout());
+  if (core_.transfer) {
+    out->set_transfer_provider(core_.transfer->provider());
+    out->set_transfer_address(core_.transfer->address());
+  }
+  out->set_max_context(core_.max_context);
+  out->set_vocab_size(core_.vocab_size);
+  out->set_version(std::string(kWorkerVersion));
+  out->set_pid(static_cast<int32_t>(::getpid()));
+  return done("GetInfo", grpc::Status::OK);
+}
+
+grpc::Status WorkerRpcs::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
+                                 v1::LoadReport* out) {
+  const EngineStats s = core_.engine->stats();
+  out->set_waiting(s.waiting);
+  out->set_running(s.running);
+  out->set_blocks_total(s.blocks_total);
+  out->set_blocks_free(s.blocks_free);
+  out->set_blocks_cached(s.blocks_cached);
+  out->set_blocks_used(s.blocks_used);
+  out->set_kv_usage(s.blocks_total > 0 ? static_cast<double>(s.blocks_used) /
+                                             static_cast<double>(s.blocks_total)
+                                       : 0.0);
+  out->set_reservations(s.reservations);
+  out->set_blocks_reserved(s.blocks_reserved);
+  out->set_leases_expired(s.leases_expired);
+  out->set_requests_finished(s.requests_finished);
+  out->set_requests_failed(s.requests_failed);
+  out->set_requests_cancelled(s.requests_cancelled);
+  out->set_blocks_pinned(s.blocks_pinned);
+  return done("GetLoad", grpc::Status::OK);
+}
+
+grpc::Status WorkerRpcs::GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*,
+                                    v1::MetricsText* out) {
+  out->set_text(core_.metrics.render(core_.engine->stats(), core_.reservations.size()));
+  return done("GetMetrics", grpc::Status::OK);
+}
+
+grpc::Status WorkerRpcs::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
+                               v1::AbortResponse* out) {
+  const RequestId id = req->request_id();
+  if (core_.role == WorkerRole::kPrefill) core_.mark_aborted(id);
+  bool aborted = core_.engine->cancel(id);
+  if (core_.role == WorkerRole::kPrefill && !aborted) (void)core_.take_aborted(id);
+  if (core_.role == WorkerRole::kDecode) {
+    // A reservation (waiting for its KV, or with a Decode waiting on it): the table entry ends
+    // the wait, the engine gives the blocks back now.
+    const bool had_entry = core_.reservations.remove(id);
+    const bool had_blocks = core_.engine->release_reservation(id);
+    aborted = aborted || had_entry || had_blocks;
+  }
+  out->set_aborted(aborted);
+  log::debug("worker {}: abort of request {}: {}", core_.id, id, aborted ? "done" : "not found");
+  return done("Abort", grpc::Status::OK);
+}
+
+}  // namespace cleave::worker_service

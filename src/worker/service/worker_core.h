@@ -1,0 +1,114 @@
+// What a worker's RPC handlers share: configuration, identity, the engine loop, the transfer
+// engine and the KV pool's registration, the reservation table and the metrics. Built once by
+// WorkerServer::start and destroyed after the gRPC server has stopped.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "cleave/common/config.h"
+#include "cleave/transfer/transfer_engine.h"
+#include "cleave/v1/worker.grpc.pb.h"
+#include "cleave/worker/engine_loop.h"
+#include "cleave/worker/worker_service.h"
+#include "reservation_table.h"
+#include "worker_metrics.h"
+
+namespace cleave::worker_service {
+
+// How often a handler that waits checks whether its client has gone.
+inline constexpr std::chrono::milliseconds kCancelPoll{20};
+
+struct WorkerCore {
+  Config config;
+  WorkerRole role = WorkerRole::kUnified;
+  std::string id;
+  std::string model_name;
+  std::string model_fingerprint;
+  int64_t max_context = 0;
+  int64_t vocab_size = 0;
+
+  // Declaration order is destruction order reversed: the transfer engine (which reads and
+  // writes the pool) goes before the engine loop that owns the pool.
+  std::unique_ptr<EngineLoop> engine;
+  std::unique_ptr<transfer::TransferEngine> transfer;  // prefill and decode only
+  transfer::MemoryRegion kv_region;                     // the KV pool's registration
+
+  ReservationTable reservations;
+  WorkerMetrics metrics;
+  std::atomic<bool> stopping{false};
+
+  // Prefill: peer ids by transfer address. An entry is dropped after a failed transfer so that
+  // the next request connects again (clearing the engine's "unreachable" mark).
+  Result<uint64_t> peer_for(const std::string& address);
+  void forget_peer(const std::string& address);
+
+  // Prefill: Abort marks a request here before it cancels it, so that the Prefill tells an
+  // Abort from a cancellation by its KV sink (a failed transfer). Prefill clears its mark.
+  void mark_aborted(RequestId id);
+  // Whether `id` was marked, clearing the mark.
+  bool take_aborted(RequestId id);
+
+ private:
+  std::mutex aborted_mu_;
+  std::unordered_set<RequestId> aborted_;
+  std::mutex peers_mu_;
+  std::unordered_map<std::string, uint64_t> peers_;
+};
+
+// The gRPC service. Every handler checks the role first.
+class WorkerRpcs final : public v1::Worker::Service {
+ public:
+  explicit WorkerRpcs(WorkerCore& core) : core_(core) {}
+
+  grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req,
+                       v1::WorkerInfo* out) override;
+  grpc::Status GetLoad(grpc::ServerContext* ctx, const v1::GetLoadRequest* req,
+                       v1::LoadReport* out) override;
+  grpc::Status GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
+                          v1::MetricsText* out) override;
+  grpc::Status Reserve(grpc::ServerContext* ctx, const v1::ReserveRequest* req,
+                       v1::KvDestination* out) override;
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
+                       v1::ReleaseResponse* out) override;
+  grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
+                       v1::PrefillResponse* out) override;
+  grpc::Status Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* req,
+                      grpc::ServerWriter<v1::TokenEvent>* writer) override;
+  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
+                        grpc::ServerWriter<v1::TokenEvent>* writer) override;
+  grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
+                     v1::AbortResponse* out) override;
+
+ private:
+  // UNIMPLEMENTED naming the RPC, this worker's role and the roles that serve it.
+  grpc::Status wrong_role(std::string_view rpc, std::string_view served_by) const;
+  // Counts the RPC in the metrics and returns `s`.
+  grpc::Status done(std::string_view rpc, grpc::Status s);
+  grpc::Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
+                       v1::PrefillResponse* out);
+  grpc::Status decode(grpc::ServerContext* ctx, const v1::DecodeRequest& req,
+                      grpc::ServerWriter<v1::TokenEvent>* writer);
+
+  WorkerCore& core_;
+};
+
+// Streams one submitted request's events (from `events`) to `writer` until its finished event.
+// Cancels the request in the engine when the client goes away or a write fails. The status is
+// OK for a request that finished, CANCELLED when it was cancelled, or its error.
+// `first_token_at` (when given) gets the time the first token event was taken.
+class RequestEvents;
+grpc::Status stream_request(grpc::ServerContext* ctx, EngineLoop& engine, RequestId id,
+                            RequestEvents& events, grpc::ServerWriter<v1::TokenEvent>* writer,
+                            std::chrono::steady_clock::time_point* first_token_at = nullptr);
+
+// Short status name for metrics labels ("OK", "UNAVAILABLE", ...).
+std::string_view grpc_code_name(grpc::StatusCode code);
+
+}  // namespace cleave::worker_service

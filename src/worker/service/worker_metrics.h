@@ -1,0 +1,67 @@
+// A worker's metrics (rendered by GetMetrics in the Prometheus text format). Handlers update
+// the histograms and counters directly (lock-free); engine-derived gauges and counters are
+// refreshed from EngineLoop::stats() at scrape time.
+//
+// Thread-safety: everything may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "cleave/common/metrics.h"
+#include "cleave/common/status.h"
+#include "cleave/worker/engine_loop.h"
+
+namespace cleave::worker_service {
+
+class WorkerMetrics {
+ public:
+  // Registers every family; Internal if the registry refuses one (a programming error).
+  Status init();
+
+  // One finished RPC, by method and gRPC code name ("OK", "UNAVAILABLE", ...).
+  void count_rpc(std::string_view rpc, std::string_view code);
+
+  metrics::Histogram* kv_handoff_tail_seconds = nullptr;
+  metrics::Histogram* kv_transfer_seconds = nullptr;
+  metrics::Counter* kv_transfer_bytes = nullptr;
+  metrics::Counter* kv_handoffs_ok = nullptr;
+  metrics::Counter* kv_handoffs_failed = nullptr;
+  metrics::Histogram* time_to_first_token_seconds = nullptr;
+  metrics::Histogram* e2e_request_seconds = nullptr;
+  metrics::Histogram* kv_wait_seconds = nullptr;  // decode: Decode's wait for the notice
+  metrics::Counter* notices_unmatched = nullptr;
+
+  // Refreshes the engine-derived values from `s`, then renders everything.
+  std::string render(const EngineStats& s, int64_t reservations_waiting);
+
+ private:
+  metrics::MetricsRegistry registry_;
+  std::optional<metrics::Family<metrics::Counter>> rpcs_;
+
+  metrics::Gauge* running_ = nullptr;
+  metrics::Gauge* waiting_ = nullptr;
+  metrics::Gauge* kv_usage_ = nullptr;
+  metrics::Gauge* blocks_total_ = nullptr;
+  metrics::Gauge* blocks_free_ = nullptr;
+  metrics::Gauge* blocks_cached_ = nullptr;
+  metrics::Gauge* blocks_used_ = nullptr;
+  metrics::Gauge* blocks_reserved_ = nullptr;
+  metrics::Gauge* blocks_pinned_ = nullptr;
+  metrics::Gauge* reservations_ = nullptr;
+
+  // Engine counters, advanced by the difference since the last scrape.
+  struct EngineCounter {
+    metrics::Counter* counter = nullptr;
+    uint64_t seen = 0;
+    void advance(uint64_t now);
+  };
+  std::mutex scrape_mu_;
+  EngineCounter finished_, failed_, cancelled_, generated_, leases_expired_, released_,
+      preemptions_, prefix_hits_;
+};
+
+}  // namespace cleave::worker_service

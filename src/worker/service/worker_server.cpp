@@ -1,0 +1,281 @@
+// WorkerServer: start-up (model, engine loop, transfer engine, gRPC server), the decode
+// worker's notice thread, and the graceful shutdown.
+#include <unistd.h>
+
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <thread>
+
+#include "cleave/common/log.h"
+#include "cleave/common/thread_pool.h"
+#include "cleave/kvcache/prefix_hash.h"
+#include "cleave/model/default_model.h"
+#include "cleave/model/model_file.h"
+#include "cleave/worker/worker_service.h"
+#include "fmt/format.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "worker_core.h"
+
+namespace cleave {
+
+using worker_service::WorkerCore;
+using worker_service::WorkerRpcs;
+
+std::string_view worker_role_name(WorkerRole r) {
+  switch (r) {
+    case WorkerRole::kPrefill: return "prefill";
+    case WorkerRole::kDecode: return "decode";
+    case WorkerRole::kUnified: return "unified";
+  }
+  return "unknown";
+}
+
+Result<WorkerRole> parse_worker_role(std::string_view name) {
+  if (name == "prefill") return WorkerRole::kPrefill;
+  if (name == "decode") return WorkerRole::kDecode;
+  if (name == "unified") return WorkerRole::kUnified;
+  return InvalidArgument(
+      fmt::format("worker role '{}' is not one of prefill, decode, unified", name));
+}
+
+uint64_t prefix_hash_seed_for_model(std::string_view model_fingerprint) {
+  std::vector<int32_t> ids(model_fingerprint.begin(), model_fingerprint.end());
+  return hash_block(kPrefixHashSeed, ids);
+}
+
+Result<ListenAddress> parse_listen_address(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgument(fmt::format("listen address '{}' {}; expected HOST:PORT "
+                                       "(e.g. 127.0.0.1:0, 0.0.0.0:50051, [::1]:50051)",
+                                       text, why));
+  };
+  const size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos) return bad("has no port");
+  ListenAddress out;
+  out.host = std::string(text.substr(0, colon));
+  const std::string_view port = text.substr(colon + 1);
+  if (out.host.empty()) return bad("has no host");
+  if (out.host.front() == '[' ? out.host.back() != ']' || out.host.size() < 3
+                              : out.host.find(':') != std::string::npos) {
+    return bad("has a malformed host (IPv6 hosts go in brackets)");
+  }
+  int value = -1;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (port.empty() || ec != std::errc() || end != port.data() + port.size() || value < 0 ||
+      value > 65535) {
+    return bad(fmt::format("has a bad port '{}' (0-65535)", port));
+  }
+  out.port = value;
+  return out;
+}
+
+namespace {
+
+bool is_loopback(const std::string& host) {
+  return host.rfind("127.", 0) == 0 || host == "localhost" || host == "[::1]";
+}
+
+}  // namespace
+
+struct WorkerServer::Impl {
+  WorkerCore core;
+  std::unique_ptr<WorkerRpcs> rpcs;
+  std::unique_ptr<grpc::Server> server;
+  std::string host;
+  int port = 0;
+
+  std::atomic<bool> stop_notices{false};
+  std::thread notice_thread;
+
+  std::mutex state_mu;
+  std::condition_variable state_cv;
+  bool shutting_down = false;
+  bool shut_down = false;
+
+  Status load(const Config& config);
+  Status serve();
+  void notice_loop();
+  void shutdown();
+};
+
+Status WorkerServer::Impl::load(const Config& config) {
+  core.config = config;
+  CLEAVE_ASSIGN_OR_RETURN(core.role, parse_worker_role(config.worker.role));
+  CLEAVE_ASSIGN_OR_RETURN(ListenAddress listen, parse_listen_address(config.worker.listen));
+  host = listen.host;
+  core.id = config.worker.id.empty()
+                ? fmt::format("{}-{}", worker_role_name(core.role), ::getpid())
+                : config.worker.id;
+
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string path = config.model.path;
+  if (path.empty()) {
+    CLEAVE_ASSIGN_OR_RETURN(path, ensure_default_model());
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<ModelFile> loaded, load_model(path));
+  std::shared_ptr<const ModelFile> file(std::move(loaded));
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::create(file->tokenizer()));
+  core.model_name = file->config().name;
+  core.model_fingerprint = file->fingerprint();
+  core.vocab_size = file->config().vocab_size;
+
+  EngineOptions model_opts;
+  model_opts.threads = static_cast<int>(config.engine.threads);
+  model_opts.max_context = config.engine.max_context;
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::create(file, model_opts));
+  core.max_context = model->max_context();
+
+  EngineLoopOptions opts = engine_loop_options(config.engine);
+  opts.scheduler.hash_seed = prefix_hash_seed_for_model(core.model_fingerprint);
+  CLEAVE_ASSIGN_OR_RETURN(core.engine, EngineLoop::create(std::move(model),
+                                                          std::shared_ptr<const Tokenizer>(std::move(tok)),
+                                                          opts));
+  const KvLayout& layout = core.engine->kv_layout();
+  log::info("worker {}: model '{}' ({}) loaded from {} in {:.2f} s; KV pool {} blocks of {} tokens "
+            "({} MiB)",
+            core.id, core.model_name, core.model_fingerprint, path,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+            layout.num_blocks, layout.block_size, core.engine->kv_bytes() >> 20);
+
+  if (core.role != WorkerRole::kUnified) {
+    CLEAVE_ASSIGN_OR_RETURN(core.transfer,
+                            transfer::TransferEngine::create(config.transfer, is_loopback(host)));
+    CLEAVE_ASSIGN_OR_RETURN(core.kv_region,
+                            core.transfer->register_memory(core.engine->kv_data(),
+                                                           core.engine->kv_bytes(),
+                                                           transfer::MemoryKind::host()));
+    log::info("worker {}: KV pool registered with the transfer engine ({}, {} rail(s))", core.id,
+              core.transfer->provider(), core.transfer->rails());
+  }
+  return core.metrics.init();
+}
+
+Status WorkerServer::Impl::serve() {
+  grpc::EnableDefaultHealthCheckService(true);
+  rpcs = std::make_unique<WorkerRpcs>(core);
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(core.config.worker.listen, grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(rpcs.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  // A second worker on a port in use must fail, not share the port (gRPC's default).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  server = builder.BuildAndStart();
+  if (!server || bound == 0) {
+    if (server) server->Shutdown();
+    server.reset();
+    return Unavailable(fmt::format("worker {}: cannot listen on '{}' (address in use or not "
+                                   "local?)",
+                                   core.id, core.config.worker.listen));
+  }
+  port = bound;
+  if (core.role == WorkerRole::kDecode) {
+    notice_thread = std::thread([this] { notice_loop(); });
+  }
+  if (auto* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+    health->SetServingStatus(v1::Worker::service_full_name(), true);
+  }
+  log::info("worker {}: {} worker serving on {}:{}", core.id, worker_role_name(core.role), host,
+            port);
+  return Status::Ok();
+}
+
+void WorkerServer::Impl::notice_loop() {
+  set_thread_name("notices");
+  constexpr auto kWait = std::chrono::milliseconds(50);
+  constexpr auto kPurgeEvery = std::chrono::milliseconds(250);
+  auto last_purge = std::chrono::steady_clock::now();
+  while (!stop_notices.load(std::memory_order_acquire)) {
+    Result<transfer::Notice> n = core.transfer->wait_notice(kWait);
+    if (n.ok()) {
+      if (!core.reservations.mark_filled(n->tag)) {
+        core.metrics.notices_unmatched->inc();
+        log::debug("worker {}: notice {:016x} from engine {:016x} matches no reservation "
+                   "(expired, released or aborted)",
+                   core.id, n->tag, n->from_engine);
+      }
+    } else if (n.status().code() != StatusCode::kDeadlineExceeded) {
+      log::warn("worker {}: waiting for notices: {}", core.id, n.status().to_string());
+      std::this_thread::sleep_for(kWait);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_purge >= kPurgeEvery) {
+      last_purge = now;
+      if (int dropped = core.reservations.purge_expired(now); dropped > 0) {
+        log::info("worker {}: {} reservation(s) ended unfilled at the end of their lease", core.id,
+                  dropped);
+      }
+    }
+  }
+}
+
+void WorkerServer::Impl::shutdown() {
+  {
+    std::unique_lock<std::mutex> lock(state_mu);
+    if (shutting_down) {
+      state_cv.wait(lock, [&] { return shut_down; });
+      return;
+    }
+    shutting_down = true;
+  }
+  if (server) log::info("worker {}: shutting down", core.id);
+  core.stopping.store(true);
+  if (server) {
+    if (auto* health = server->GetHealthCheckService()) {
+      health->SetServingStatus(false);
+      health->SetServingStatus(v1::Worker::service_full_name(), false);
+    }
+  }
+  core.reservations.shutdown();
+  if (core.engine) core.engine->shutdown();
+  if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  stop_notices.store(true, std::memory_order_release);
+  if (notice_thread.joinable()) notice_thread.join();
+  if (core.transfer && core.kv_region.id != 0) {
+    if (Status s = core.transfer->deregister(core.kv_region.id); !s.ok()) {
+      log::warn("worker {}: deregistering the KV pool: {}", core.id, s.to_string());
+    }
+    core.kv_region = {};
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    shut_down = true;
+  }
+  state_cv.notify_all();
+  if (server) log::info("worker {}: stopped", core.id);
+}
+
+Result<std::unique_ptr<WorkerServer>> WorkerServer::start(const Config& config) {
+  auto impl = std::make_unique<Impl>();
+  Status s = impl->load(config);
+  if (s.ok()) s = impl->serve();
+  if (!s.ok()) {
+    impl->shutdown();
+    return s;
+  }
+  return std::unique_ptr<WorkerServer>(new WorkerServer(std::move(impl)));
+}
+
+WorkerServer::WorkerServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+WorkerServer::~WorkerServer() { shutdown(); }
+
+WorkerRole WorkerServer::role() const { return impl_->core.role; }
+const std::string& WorkerServer::id() const { return impl_->core.id; }
+const std::string& WorkerServer::host() const { return impl_->host; }
+int WorkerServer::port() const { return impl_->port; }
+std::string WorkerServer::address() const { return fmt::format("{}:{}", impl_->host, impl_->port); }
+
+void WorkerServer::shutdown() { impl_->shutdown(); }
+
+void WorkerServer::wait() {
+  std::unique_lock<std::mutex> lock(impl_->state_mu);
+  impl_->state_cv.wait(lock, [&] { return impl_->shut_down; });
+}
+
+EngineStats WorkerServer::engine_stats() const { return impl_->core.engine->stats(); }
+
+}  // namespace cleave
