@@ -3,13 +3,14 @@
 #include <cstdlib>
 
 #include "cleave/common/log.h"
+#include "cleave/common/version.h"
 
 #include "commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"cleave: a disaggregated LLM inference server"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "cleave 0.1.0");
+  app.set_version_flag("--version", std::string("cleave ") + cleave::kVersion);
   // Diagnostics go to stderr from the first line on; subcommands may re-initialise with their
   // role. CLEAVE_LOG_LEVEL sets the level (default warn for the command-line tools).
   {

@@ -2,13 +2,12 @@
 #include <unistd.h>
 
 #include "cleave/common/log.h"
+#include "cleave/common/version.h"
 #include "cleave/worker/proto_convert.h"
 #include "fmt/format.h"
 #include "worker_core.h"
 
 namespace cleave::worker_service {
-
-inline constexpr std::string_view kWorkerVersion = "0.1.0";
 
 std::string_view grpc_code_name(grpc::StatusCode code) {
   switch (code) {
@@ -88,7 +87,7 @@ grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*
   }
   out->set_max_context(core_.max_context);
   out->set_vocab_size(core_.vocab_size);
-  out->set_version(std::string(kWorkerVersion));
+  out->set_version(kVersion);
   out->set_pid(static_cast<int32_t>(::getpid()));
   return done("GetInfo", grpc::Status::OK);
 }
