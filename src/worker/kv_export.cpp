@@ -369,4 +369,6 @@ double KvSender::transfer_seconds() const {
   return seconds_between(*state_->first_submit, *state_->notice_done);
 }
 
+Status KvSender::failure() const { return state_->first_failure(); }
+
 }  // namespace cleave

@@ -91,6 +91,8 @@ class KvSender final : public KvExportSink {
   double tail_seconds() const;
   // Seconds from the first write's submission to the notice's completion.
   double transfer_seconds() const;
+  // The first failure seen by on_layer_ready, finish() or drain(); OK while none.
+  Status failure() const;
 
  private:
   KvSender() = default;

@@ -153,6 +153,8 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   }
   if (!fin.error.ok()) {
     free_local();
+    // The engine ends a prefill whose writes failed with a generic Unavailable: name the cause.
+    if (const Status why = kv->failure(); !why.ok()) return transfer_failed(why.to_string());
     return to_grpc(fin.error);
   }
   if (fin.finish_reason == FinishReason::kCancelled && !fin.has_token) {
