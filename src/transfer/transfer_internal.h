@@ -105,6 +105,7 @@ struct TransferState {
   std::condition_variable cv;
   bool done = false;
   Status status;
+  Clock::time_point end;  // when it finished (valid once done)
   std::atomic<bool> finished{false};
 
   // First call wins; returns whether this call finished the transfer.

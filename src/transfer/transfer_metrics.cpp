@@ -64,6 +64,7 @@ bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
     std::lock_guard<std::mutex> lock(mu);
     if (done) return false;
     done = true;
+    end = Clock::now();
     status = std::move(s);
     finished.store(true, std::memory_order_release);
   }
@@ -73,6 +74,12 @@ bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
   }
   cv.notify_all();
   return true;
+}
+
+std::optional<std::chrono::steady_clock::time_point> TransferHandle::completed_at() const {
+  if (!state_ || !state_->is_done()) return std::nullopt;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->end;
 }
 
 std::optional<Status> TransferHandle::poll() const {

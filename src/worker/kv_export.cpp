@@ -270,10 +270,28 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
     s.handles.push_back(std::move(*h));
     if (!s.first_submit) s.first_submit = now;
   }
-  std::lock_guard<std::mutex> lock(s.mu);
-  int64_t& sent = s.sent_until[static_cast<size_t>(layer)];
-  if (begin <= sent) sent = std::max(sent, end);
-  if (last && layer == s.local.n_layers - 1) s.last_layer_done = now;
+  bool send_notice = false;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    int64_t& sent = s.sent_until[static_cast<size_t>(layer)];
+    if (begin <= sent) sent = std::max(sent, end);
+    if (last && layer == s.local.n_layers - 1) {
+      s.last_layer_done = now;
+      // The whole prompt's KV is submitted: the notice goes now (ordered after every write),
+      // not after the rest of the step, sampling and the RPC thread's finish().
+      send_notice = !s.notice && std::all_of(s.sent_until.begin(), s.sent_until.end(),
+                                             [&](int64_t u) { return u >= s.prompt_len; });
+    }
+  }
+  if (send_notice) {
+    auto n = s.engine->notify(s.peer, s.dest.notice_tag);
+    if (!n.ok()) {
+      s.fail(n.status());
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.notice = std::move(*n);
+  }
   return true;
 }
 
@@ -340,7 +358,7 @@ Status KvSender::finish(std::chrono::milliseconds timeout) {
     return s.first_failure();
   }
   std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.notice_done) s.notice_done = Clock::now();
+  if (!s.notice_done) s.notice_done = notice->completed_at().value_or(Clock::now());
   return Status::Ok();
 }
 

@@ -76,6 +76,9 @@ class TransferHandle {
   // passes (DEADLINE_EXCEEDED, the transfer keeps going).
   Status wait(std::chrono::milliseconds timeout = std::chrono::milliseconds::max()) const;
   uint64_t bytes() const;
+  // When the transfer finished (its last completion was read), once it has; for latency
+  // figures that must not include the time until somebody looked.
+  std::optional<std::chrono::steady_clock::time_point> completed_at() const;
 
  private:
   std::shared_ptr<TransferState> state_;

@@ -58,8 +58,11 @@ void plan_kv_writes(const KvLayout& local, uint64_t local_region,
 // The KvExportSink of one prefill request.
 //
 // on_layer_ready (engine thread) plans the layer's writes and submits them as one batch (no
-// waiting). finish() (the RPC handler's thread, after the engine's finished event) sends the
-// notice and waits for every batch and the notice. A failed batch makes the next
+// waiting); the call that completes the last layer of the whole prompt also sends the notice
+// (ordered after every write), so the decode worker hears of its KV as soon as the transfer
+// allows, not after the rest of the step. finish() (the RPC handler's thread, after the
+// engine's finished event) waits for every batch and the notice (sending the notice itself
+// only if no call did). A failed batch makes the next
 // on_layer_ready return false, so the engine cancels the prefill at once.
 class KvSender final : public KvExportSink {
  public:
@@ -75,8 +78,8 @@ class KvSender final : public KvExportSink {
   bool on_layer_ready(int64_t layer, int64_t begin, int64_t end,
                       std::span<const BlockId> block_table, bool last) override;
 
-  // Sends the notice (dest.notice_tag) ordered after every write, then waits until the notice
-  // is placed at the peer or a batch failed, at most `timeout`. OK means the decode worker can
+  // Sends the notice (dest.notice_tag) ordered after every write unless on_layer_ready did,
+  // then waits until the notice is placed at the peer or a batch failed, at most `timeout`. OK means the decode worker can
   // read the KV. After it returns (whatever the result) no write reads the local blocks any
   // more, unless it returned DeadlineExceeded with writes still in flight (then call drain()).
   Status finish(std::chrono::milliseconds timeout);
@@ -86,8 +89,9 @@ class KvSender final : public KvExportSink {
 
   // Bytes submitted so far.
   uint64_t bytes() const;
-  // Seconds from the end of the last layer's compute of the last chunk (the on_layer_ready call
-  // with last = true for the last layer) to the notice's completion; valid after finish() OK.
+  // Seconds from the last layer's KV of the last chunk being computed (the on_layer_ready call
+  // with last = true for the last layer) to the notice's completion at the transfer engine
+  // (TransferHandle::completed_at); valid after finish() OK.
   double tail_seconds() const;
   // Seconds from the first write's submission to the notice's completion.
   double transfer_seconds() const;

@@ -187,10 +187,10 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     first->set_finished(false);
     first->clear_finish_reason();
     first->clear_stop_string();
-    first->clear_usage();
+    // The usage stays: the prefill's prompt and cached-prompt counts reach the caller.
   }
   if (!fin.handoff) {
-    // The request ended with its first token: no notice; the caller releases the reservation.
+    // The request ended with its first token: the caller releases the reservation.
     free_local();
     core_.metrics.e2e_request_seconds->observe(seconds_since(start));
     return grpc::Status::OK;
