@@ -1,0 +1,316 @@
+// A request's attempts, retries, delivery to the observer, cancellation and stage deadlines.
+// The RPC stages themselves are in dispatch_stages.cpp.
+#include "dispatch/dispatch_call.h"
+
+#include <random>
+
+#include "cleave/common/log.h"
+#include "cleave/worker/proto_convert.h"
+#include "fmt/format.h"
+
+namespace cleave::router {
+
+namespace {
+
+uint64_t random_id_base() {
+  std::random_device rd;
+  // Random high bits: two routers in front of the same workers do not reuse each other's ids.
+  const uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return (v & ~0xffffffffull) | 1;
+}
+
+// Errors that another worker would answer the same way are not retried.
+bool retryable(StatusCode code) {
+  switch (code) {
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kOutOfRange:
+    case StatusCode::kUnauthenticated:
+    case StatusCode::kPermissionDenied:
+      return false;
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
+DispatchCore::DispatchCore(const DispatcherOptions& opts)
+    : options(opts), pools(opts), next_id(random_id_base()) {
+  if (opts.metrics == nullptr) return;
+  metrics::MetricsRegistry& r = *opts.metrics;
+  if (auto f = r.counter("cleave:kv_transfer_bytes_total",
+                         "KV cache bytes written from prefill to decode workers");
+      f.ok()) {
+    kv_transfer_bytes = &f->get();
+  }
+  if (auto f = r.histogram("cleave:kv_handoff_tail_seconds",
+                           "Seconds from a prefill's last layer computed to its KV in place at "
+                           "the decode worker (as the prefill worker reports it)",
+                           metrics::latency_buckets_seconds());
+      f.ok()) {
+    kv_handoff_tail_seconds = &f->get();
+  }
+  if (auto f = r.counter("cleave:router_dispatch_retries_total",
+                         "Requests sent to another worker after a failure before their first token");
+      f.ok()) {
+    retries = &f->get();
+  }
+  if (auto f = r.counter("cleave:router_worker_failures_total",
+                         "RPCs to workers that failed UNAVAILABLE (the worker left its pool)");
+      f.ok()) {
+    worker_failures = &f->get();
+  }
+}
+
+void DispatchCore::add_call(const std::shared_ptr<DispatchCall>& call) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  calls_.insert(call);
+}
+
+void DispatchCore::remove_call(const std::shared_ptr<DispatchCall>& call) {
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  calls_.erase(call);
+  if (calls_.empty()) calls_cv_.notify_all();
+}
+
+void DispatchCore::calls_in_flight(std::vector<std::shared_ptr<DispatchCall>>& out) {
+  out.clear();
+  std::lock_guard<std::mutex> lock(calls_mu_);
+  out.insert(out.end(), calls_.begin(), calls_.end());
+}
+
+bool DispatchCore::wait_no_calls(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(calls_mu_);
+  return calls_cv_.wait_for(lock, timeout, [&] { return calls_.empty(); });
+}
+
+DispatchCall::DispatchCall(std::shared_ptr<DispatchCore> core, DispatchRequest request,
+                           std::shared_ptr<RequestObserver> observer)
+    : core_(std::move(core)), prompt_(std::move(request.prompt)), observer_(std::move(observer)) {
+  to_proto(request.params, &params_);
+}
+
+DispatchCall::~DispatchCall() = default;
+
+void DispatchCall::start(Assignment workers) { begin_attempt(std::move(workers)); }
+
+void DispatchCall::begin_attempt(Assignment workers) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++attempt_;
+    id_ = core_->next_request_id();
+    workers_ = std::move(workers);
+  }
+  if (workers_.unified) {
+    hold(workers_.unified);
+    start_generate();
+  } else {
+    hold(workers_.decode);
+    hold(workers_.prefill);
+    start_reserve();
+  }
+}
+
+void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker, Status error) {
+  if (error.code() == StatusCode::kUnavailable) {
+    core_->pools.mark_failed(worker, error);
+    if (core_->worker_failures) core_->worker_failures->inc();
+  }
+  unhold_all();
+  if (cancelled()) {
+    end();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    excluded_.push_back(worker->key);
+  }
+  if (retryable(error.code()) && attempt_ < core_->options.max_attempts &&
+      !core_->stopping.load()) {
+    auto next = core_->pools.choose(prompt_, excluded_);
+    if (next.ok()) {
+      log::info("dispatch: request attempt {} failed before its first token ({}); retrying on {}",
+                attempt_, error.to_string(),
+                next->unified ? next->unified->address
+                              : fmt::format("{} + {}", next->prefill->address, next->decode->address));
+      if (core_->retries) core_->retries->inc();
+      begin_attempt(std::move(*next));
+      return;
+    }
+    error = Status(error.code(), fmt::format("{} (not retried: {})", error.message(),
+                                             next.status().message()));
+  }
+  fail(std::move(error));
+}
+
+void DispatchCall::fail(Status error) {
+  deliver_error(error);
+  end();
+}
+
+void DispatchCall::end() {
+  unhold_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    ended_ = true;
+    stage_ = Stage::kIdle;
+    active_.reset();
+    watch_deadline_ns_.store(0, std::memory_order_relaxed);
+  }
+  std::shared_ptr<RequestObserver> observer;
+  {
+    // Not from inside a callback (end() runs on the request's flow, never within deliver()).
+    std::lock_guard<std::mutex> lock(deliver_mu_);
+    delivered_terminal_ = true;
+    observer = std::move(observer_);  // breaks observer -> handle -> call cycles
+  }
+  core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
+  core_->remove_call(shared_from_this());
+}
+
+bool DispatchCall::arm(std::shared_ptr<grpc::ClientContext> ctx, Stage stage,
+                       std::chrono::milliseconds watch_deadline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cancelled()) return false;
+  active_ = std::move(ctx);
+  stage_ = stage;
+  timeout_reason_.clear();
+  const int64_t d =
+      watch_deadline.count() > 0
+          ? std::chrono::duration_cast<std::chrono::nanoseconds>(
+                (std::chrono::steady_clock::now() + watch_deadline).time_since_epoch())
+                .count()
+          : 0;
+  watch_deadline_ns_.store(d, std::memory_order_relaxed);
+  return true;
+}
+
+std::string DispatchCall::disarm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.reset();
+  watch_deadline_ns_.store(0, std::memory_order_relaxed);
+  return std::move(timeout_reason_);
+}
+
+void DispatchCall::hold(const std::shared_ptr<WorkerEndpoint>& worker) {
+  const int i = static_cast<int>(worker->role);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_[i]) return;
+  held_[i] = true;
+  worker->inflight.fetch_add(1, std::memory_order_relaxed);
+}
+
+void DispatchCall::unhold(const std::shared_ptr<WorkerEndpoint>& worker) {
+  const int i = static_cast<int>(worker->role);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!held_[i]) return;
+  held_[i] = false;
+  worker->inflight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void DispatchCall::unhold_all() {
+  for (const auto* w : {&workers_.unified, &workers_.prefill, &workers_.decode}) {
+    if (*w) unhold(*w);
+  }
+}
+
+void DispatchCall::stop_in_flight() {
+  std::shared_ptr<grpc::ClientContext> ctx;
+  Assignment workers;
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    ctx = active_;
+    workers = workers_;
+    id = id_;
+  }
+  // Outside the lock: gRPC may run the completion of the cancelled call right here.
+  if (ctx) ctx->TryCancel();
+  if (workers.unified) abort_on(workers.unified, id);
+  if (workers.prefill) abort_on(workers.prefill, id);
+  if (workers.decode) abort_on(workers.decode, id);
+}
+
+void DispatchCall::cancel() {
+  if (delivering_.load(std::memory_order_acquire) == std::this_thread::get_id()) {
+    // Inside this request's callback (deliver_mu_ is ours): stop once it returns.
+    if (delivered_terminal_ || cancelled()) return;
+    cancelled_.store(true, std::memory_order_release);
+    cancel_deferred_.store(true, std::memory_order_release);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(deliver_mu_);
+    if (delivered_terminal_ || cancelled()) return;
+    cancelled_.store(true, std::memory_order_release);
+  }
+  stop_in_flight();
+}
+
+void DispatchCall::abandon(const Status& why) {
+  deliver_error(why);
+  {
+    std::lock_guard<std::mutex> lock(deliver_mu_);
+    cancelled_.store(true, std::memory_order_release);
+  }
+  stop_in_flight();
+}
+
+bool DispatchCall::deliver(const v1::TokenEvent& event) {
+  bool stop_now = false;
+  {
+    std::lock_guard<std::mutex> lock(deliver_mu_);
+    if (cancelled() || delivered_terminal_ || !observer_) return false;
+    delivering_.store(std::this_thread::get_id(), std::memory_order_release);
+    observer_->on_event(event);
+    delivering_.store(std::thread::id{}, std::memory_order_release);
+    started_.store(true, std::memory_order_release);
+    if (event.finished() && !cancelled()) delivered_terminal_ = true;
+    stop_now = cancel_deferred_.exchange(false);
+  }
+  if (stop_now) {
+    stop_in_flight();
+    return false;
+  }
+  return true;
+}
+
+void DispatchCall::deliver_error(const Status& error) {
+  std::lock_guard<std::mutex> lock(deliver_mu_);
+  if (cancelled() || delivered_terminal_ || !observer_) return;
+  // Set first: a cancel() from inside on_error finds the request over and does nothing.
+  delivered_terminal_ = true;
+  delivering_.store(std::this_thread::get_id(), std::memory_order_release);
+  observer_->on_error(error, started_.load(std::memory_order_acquire));
+  delivering_.store(std::thread::id{}, std::memory_order_release);
+}
+
+void DispatchCall::check_deadline(std::chrono::steady_clock::time_point now) {
+  const int64_t d = watch_deadline_ns_.load(std::memory_order_relaxed);
+  if (d == 0 || now.time_since_epoch() < std::chrono::nanoseconds(d)) return;
+  std::shared_ptr<grpc::ClientContext> ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (watch_deadline_ns_.load(std::memory_order_relaxed) != d || !active_) return;
+    watch_deadline_ns_.store(0, std::memory_order_relaxed);
+    const auto& t = core_->options.timeouts;
+    const std::string worker =
+        stage_ == Stage::kGenerate && workers_.unified ? workers_.unified->address
+        : workers_.decode                              ? workers_.decode->address
+                                                       : std::string("?");
+    if (stage_ == Stage::kGenerate && !started_.load()) {
+      timeout_reason_ = fmt::format("worker {}: Generate: no first token within {} ms", worker,
+                                    t.first_token.count());
+    } else {
+      timeout_reason_ = fmt::format("worker {}: {}: no token for {} ms", worker,
+                                    stage_ == Stage::kGenerate ? "Generate" : "Decode",
+                                    t.stream_idle.count());
+    }
+    ctx = active_;
+  }
+  ctx->TryCancel();
+}
+
+}  // namespace cleave::router

@@ -1,0 +1,158 @@
+// One request in flight through the dispatcher: the asynchronous run of its attempts over the
+// workers on gRPC's callback API, the delivery of its events to the observer, retries before
+// the first token, cancellation and stage deadlines.
+//
+//   unified:        Generate (stream)                       deadline: first_token, stream_idle
+//   disaggregated:  decode.Reserve                          deadline: reserve
+//                   -> prefill.Prefill(destination)         deadline: prefill
+//                   -> the first token to the observer
+//                   -> decode.Decode (stream), unless the first token finished the request
+//                                                           deadline: stream_idle per event
+// A prefill that fails or finishes the request releases the reservation. A failure before any
+// event went to the observer is retried on workers not tried yet (max_attempts in all); after
+// one, the observer hears on_error(started = true). Every failure and every cancellation sends
+// Abort (or Release) to the workers concerned so that their blocks come back.
+//
+// Locks: `mu_` guards the stage state; `deliver_mu_` is held while an observer callback runs.
+// Neither is held while an RPC is started or cancelled, since gRPC may run a completion inline
+// on the calling thread. A cancel() from inside an observer callback is deferred until that
+// callback returns.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "cleave/common/metrics.h"
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/dispatcher.h"
+#include "dispatch/worker_pools.h"
+
+namespace cleave::router {
+
+class DispatchCall;
+
+// What every request of one dispatcher shares. Held by shared_ptr from each request, so that a
+// request finishing after the dispatcher was destroyed still finds it.
+struct DispatchCore {
+  explicit DispatchCore(const DispatcherOptions& options);
+
+  uint64_t next_request_id() { return next_id.fetch_add(1, std::memory_order_relaxed); }
+  void add_call(const std::shared_ptr<DispatchCall>& call);
+  void remove_call(const std::shared_ptr<DispatchCall>& call);
+  // Copies the calls in flight into `out` (cleared first).
+  void calls_in_flight(std::vector<std::shared_ptr<DispatchCall>>& out);
+  // Waits until no call is in flight or `timeout` passes; true when none is.
+  bool wait_no_calls(std::chrono::milliseconds timeout);
+
+  const DispatcherOptions options;
+  WorkerPools pools;
+  std::atomic<int64_t> admitted{0};  // requests submitted and not ended
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> next_id;
+
+  // Metrics (null without DispatcherOptions::metrics).
+  metrics::Counter* kv_transfer_bytes = nullptr;
+  metrics::Histogram* kv_handoff_tail_seconds = nullptr;
+  metrics::Counter* retries = nullptr;
+  metrics::Counter* worker_failures = nullptr;
+
+ private:
+  std::mutex calls_mu_;
+  std::condition_variable calls_cv_;
+  std::unordered_set<std::shared_ptr<DispatchCall>> calls_;
+};
+
+class TokenStream;
+
+class DispatchCall final : public DispatchHandle,
+                           public std::enable_shared_from_this<DispatchCall> {
+ public:
+  DispatchCall(std::shared_ptr<DispatchCore> core, DispatchRequest request,
+               std::shared_ptr<RequestObserver> observer);
+  ~DispatchCall() override;
+
+  // Runs the first attempt on `workers` (the caller registered the call with the core).
+  void start(Assignment workers);
+  void cancel() override;
+  // The dispatcher shuts down: the observer hears on_error(`why`) and the request is cancelled.
+  void abandon(const Status& why);
+  // The watchdog: cancels the stream in flight when its stage deadline has passed.
+  void check_deadline(std::chrono::steady_clock::time_point now);
+
+ private:
+  friend class TokenStream;
+  enum class Stage : uint8_t { kIdle, kReserve, kPrefill, kDecode, kGenerate };
+
+  // ---- attempts (dispatch_call.cpp) ----
+  void begin_attempt(Assignment workers);
+  void attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker, Status error);
+  void fail(Status error);
+  // The request is over (success, failure or cancellation): counters, registry, observer.
+  void end();
+  // Registers the RPC about to start as the one in flight (with its watchdog deadline, or none
+  // when `deadline` is zero); false when the request was cancelled meanwhile.
+  bool arm(std::shared_ptr<grpc::ClientContext> ctx, Stage stage,
+           std::chrono::milliseconds watch_deadline);
+  // The RPC in flight has completed; returns the watchdog's reason when it cancelled it.
+  std::string disarm();
+  void hold(const std::shared_ptr<WorkerEndpoint>& worker);
+  void unhold(const std::shared_ptr<WorkerEndpoint>& worker);
+  void unhold_all();
+  // Stops the RPC in flight and aborts the request on the attempt's workers.
+  void stop_in_flight();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // ---- observer (dispatch_call.cpp) ----
+  // false when nothing may be delivered any more (cancelled, or the request has ended).
+  bool deliver(const v1::TokenEvent& event);
+  void deliver_error(const Status& error);
+
+  // ---- RPC stages (dispatch_stages.cpp) ----
+  void start_reserve();
+  void start_prefill(v1::KvDestination destination);
+  void start_decode(int32_t first_token);
+  void start_generate();
+  void on_stream_event(TokenStream& stream, v1::TokenEvent& event);
+  void on_stream_done(TokenStream& stream, const grpc::Status& status, bool finished_seen);
+  // Best-effort clean-up RPCs; their failures are logged.
+  void abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id);
+  void release_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id);
+
+  const std::shared_ptr<DispatchCore> core_;
+  const std::vector<int32_t> prompt_;
+  v1::SamplingParams params_;
+
+  // Observer side.
+  std::mutex deliver_mu_;
+  std::shared_ptr<RequestObserver> observer_;     // reset when the request ends
+  std::atomic<std::thread::id> delivering_{};     // thread inside an observer callback
+  bool delivered_terminal_ = false;               // under deliver_mu_
+  std::atomic<bool> started_{false};              // an event went to the observer
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> cancel_deferred_{false};      // cancel() from inside a callback
+
+  // Stage side: written under mu_ by the request's own flow (one step at a time), read
+  // without the lock by that flow and under it by cancel() and the watchdog.
+  std::mutex mu_;
+  Stage stage_ = Stage::kIdle;
+  int attempt_ = 0;
+  uint64_t id_ = 0;  // the worker-side request id of the current attempt
+  Assignment workers_;
+  bool held_[3] = {false, false, false};  // unified, prefill, decode: inflight counted
+  std::vector<uint64_t> excluded_;        // workers that failed this request
+  std::shared_ptr<grpc::ClientContext> active_;
+  std::string timeout_reason_;
+  bool ended_ = false;
+  int64_t cached_prompt_tokens_ = 0;  // the prefill's, for the finished event's usage
+  std::atomic<int64_t> watch_deadline_ns_{0};  // steady clock; 0: no watchdog deadline
+};
+
+}  // namespace cleave::router

@@ -1,0 +1,277 @@
+// The RPC stages of one request attempt on gRPC's callback API: Reserve -> Prefill -> Decode
+// (disaggregated) or Generate (unified), and the best-effort Abort / Release clean-ups.
+#include <chrono>
+
+#include "cleave/common/log.h"
+#include "cleave/worker/proto_convert.h"
+#include "dispatch/dispatch_call.h"
+#include "fmt/format.h"
+
+namespace cleave::router {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One unary RPC: its context, request and response live together until its callback has run.
+template <typename Request, typename Response>
+struct UnaryOp {
+  grpc::ClientContext ctx;
+  Request request;
+  Response response;
+};
+
+template <typename Request, typename Response>
+std::shared_ptr<UnaryOp<Request, Response>> unary_op(std::chrono::milliseconds timeout) {
+  auto op = std::make_shared<UnaryOp<Request, Response>>();
+  op->ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  return op;
+}
+
+// The op's context, sharing the op's ownership.
+template <typename Op>
+std::shared_ptr<grpc::ClientContext> context_of(const std::shared_ptr<Op>& op) {
+  return std::shared_ptr<grpc::ClientContext>(op, &op->ctx);
+}
+
+Status rpc_error(const WorkerEndpoint& worker, const char* rpc, const grpc::Status& s) {
+  return from_grpc(s).with_context(fmt::format("worker {}: {}", worker.address, rpc));
+}
+
+}  // namespace
+
+// A Decode or Generate token stream. Deletes itself when the call is done.
+class TokenStream final : public grpc::ClientReadReactor<v1::TokenEvent> {
+ public:
+  TokenStream(std::shared_ptr<DispatchCall> c, std::shared_ptr<WorkerEndpoint> w, const char* r,
+              uint64_t request_id)
+      : call(std::move(c)), worker(std::move(w)), rpc(r), id(request_id) {}
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream is over; OnDone follows
+    if (finished_seen) {
+      log::warn("dispatch: worker {}: {}: an event came after the finished event of request {}",
+                worker->address, rpc, id);
+    } else {
+      finished_seen = event.finished();
+      call->on_stream_event(*this, event);
+    }
+    StartRead(&event);
+  }
+
+  void OnDone(const grpc::Status& s) override {
+    call->on_stream_done(*this, s, finished_seen);
+    delete this;
+  }
+
+  const std::shared_ptr<DispatchCall> call;
+  const std::shared_ptr<WorkerEndpoint> worker;
+  const char* const rpc;
+  const uint64_t id;
+  // Shared: cancel() and the watchdog may still hold it for TryCancel after the stream is gone.
+  const std::shared_ptr<grpc::ClientContext> ctx = std::make_shared<grpc::ClientContext>();
+  v1::DecodeRequest decode_request;
+  v1::GenerateRequest generate_request;
+  v1::TokenEvent event;  // reused for every event of the stream
+  bool finished_seen = false;
+};
+
+void DispatchCall::start_reserve() {
+  const auto& t = core_->options.timeouts;
+  auto op = unary_op<v1::ReserveRequest, v1::KvDestination>(t.reserve);
+  op->request.set_request_id(id_);
+  op->request.set_num_prompt_tokens(static_cast<int64_t>(prompt_.size()));
+  op->request.set_lease_ms(core_->options.lease.count());
+  if (!arm(context_of(op), Stage::kReserve, std::chrono::milliseconds{0})) {
+    end();
+    return;
+  }
+  auto self = shared_from_this();
+  workers_.decode->stub->async()->Reserve(
+      &op->ctx, &op->request, &op->response, [self, op](grpc::Status s) {
+        (void)self->disarm();
+        const auto& decode = self->workers_.decode;
+        if (self->cancelled()) {
+          // The reservation may exist: Abort gives its blocks back.
+          self->abort_on(decode, op->request.request_id());
+          self->end();
+          return;
+        }
+        if (!s.ok()) {
+          self->attempt_failed(decode, rpc_error(*decode, "Reserve", s));
+          return;
+        }
+        self->start_prefill(std::move(op->response));
+      });
+}
+
+void DispatchCall::start_prefill(v1::KvDestination destination) {
+  const auto& t = core_->options.timeouts;
+  auto op = unary_op<v1::PrefillRequest, v1::PrefillResponse>(t.prefill);
+  op->request.set_request_id(id_);
+  op->request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
+  *op->request.mutable_params() = params_;
+  *op->request.mutable_destination() = std::move(destination);
+  if (!arm(context_of(op), Stage::kPrefill, std::chrono::milliseconds{0})) {
+    release_on(workers_.decode, id_);
+    end();
+    return;
+  }
+  auto self = shared_from_this();
+  workers_.prefill->stub->async()->Prefill(
+      &op->ctx, &op->request, &op->response, [self, op](grpc::Status s) {
+        (void)self->disarm();
+        const auto& prefill = self->workers_.prefill;
+        const auto& decode = self->workers_.decode;
+        const uint64_t id = op->request.request_id();
+        self->unhold(prefill);
+        if (self->cancelled()) {
+          self->abort_on(prefill, id);
+          self->abort_on(decode, id);
+          self->end();
+          return;
+        }
+        if (!s.ok()) {
+          // A prefill that outlived our deadline may still be running there.
+          if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) self->abort_on(prefill, id);
+          self->release_on(decode, id);
+          self->attempt_failed(prefill, rpc_error(*prefill, "Prefill", s));
+          return;
+        }
+        v1::PrefillResponse& r = op->response;
+        if (self->core_->kv_transfer_bytes) {
+          self->core_->kv_transfer_bytes->inc(static_cast<double>(r.kv_bytes()));
+        }
+        if (self->core_->kv_handoff_tail_seconds && r.kv_bytes() > 0) {
+          self->core_->kv_handoff_tail_seconds->observe(r.kv_tail_seconds());
+        }
+        const v1::TokenEvent& first = r.first();
+        self->cached_prompt_tokens_ = first.usage().cached_prompt_tokens();
+        const bool delivered = self->deliver(first);
+        if (first.finished()) {
+          // Nothing was written for the decode side: its blocks go back at once.
+          self->release_on(decode, id);
+          self->end();
+          return;
+        }
+        if (!delivered) {  // cancelled meanwhile
+          self->abort_on(decode, id);
+          self->end();
+          return;
+        }
+        self->start_decode(first.token());
+      });
+}
+
+void DispatchCall::start_decode(int32_t first_token) {
+  const auto& t = core_->options.timeouts;
+  auto* s = new TokenStream(shared_from_this(), workers_.decode, "Decode", id_);
+  s->decode_request.set_request_id(id_);
+  s->decode_request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
+  *s->decode_request.mutable_params() = params_;
+  s->decode_request.set_first_token(first_token);
+  if (!arm(s->ctx, Stage::kDecode, t.stream_idle)) {
+    abort_on(workers_.decode, id_);
+    delete s;
+    end();
+    return;
+  }
+  workers_.decode->stub->async()->Decode(s->ctx.get(), &s->decode_request, s);
+  s->StartRead(&s->event);
+  s->StartCall();
+}
+
+void DispatchCall::start_generate() {
+  const auto& t = core_->options.timeouts;
+  auto* s = new TokenStream(shared_from_this(), workers_.unified, "Generate", id_);
+  s->generate_request.set_request_id(id_);
+  s->generate_request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
+  *s->generate_request.mutable_params() = params_;
+  if (!arm(s->ctx, Stage::kGenerate, t.first_token)) {
+    delete s;
+    end();
+    return;
+  }
+  workers_.unified->stub->async()->Generate(s->ctx.get(), &s->generate_request, s);
+  s->StartRead(&s->event);
+  s->StartCall();
+}
+
+void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
+  // Every event moves the idle deadline (unless the watchdog has already fired).
+  const int64_t next = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           (Clock::now() + core_->options.timeouts.stream_idle).time_since_epoch())
+                           .count();
+  int64_t cur = watch_deadline_ns_.load(std::memory_order_relaxed);
+  while (cur != 0 &&
+         !watch_deadline_ns_.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
+  }
+  if (stream.worker->role == PoolRole::kDecode && event.finished() && event.has_usage()) {
+    // The usage of the whole request: the prompt tokens the prefill found in its cache.
+    event.mutable_usage()->set_cached_prompt_tokens(cached_prompt_tokens_);
+  }
+  (void)deliver(event);
+}
+
+void DispatchCall::on_stream_done(TokenStream& stream, const grpc::Status& status,
+                                  bool finished_seen) {
+  const std::string timeout = disarm();
+  unhold(stream.worker);
+  if (cancelled()) {
+    abort_on(stream.worker, stream.id);
+    end();
+    return;
+  }
+  if (finished_seen) {
+    if (!status.ok()) {
+      log::debug("dispatch: worker {}: {}: request {} ended {} after its finished event",
+                 stream.worker->address, stream.rpc, stream.id, status.error_message());
+    }
+    end();
+    return;
+  }
+  Status error = !timeout.empty() ? DeadlineExceeded(timeout)
+                 : status.ok()    ? Internal(fmt::format("worker {}: {}: the stream ended "
+                                                         "without a finished event",
+                                                         stream.worker->address, stream.rpc))
+                                  : rpc_error(*stream.worker, stream.rpc, status);
+  // The worker may still be running it (a timeout, a broken stream): make sure it stops.
+  abort_on(stream.worker, stream.id);
+  if (started_.load(std::memory_order_acquire)) {
+    if (error.code() == StatusCode::kUnavailable) {
+      core_->pools.mark_failed(stream.worker, error);
+      if (core_->worker_failures) core_->worker_failures->inc();
+    }
+    fail(std::move(error));
+    return;
+  }
+  attempt_failed(stream.worker, std::move(error));
+}
+
+void DispatchCall::abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {
+  auto op = unary_op<v1::AbortRequest, v1::AbortResponse>(core_->options.timeouts.cleanup);
+  op->request.set_request_id(id);
+  worker->stub->async()->Abort(&op->ctx, &op->request, &op->response,
+                               [op, worker](grpc::Status s) {
+                                 if (!s.ok()) {
+                                   log::debug("dispatch: worker {}: Abort of request {}: {}",
+                                              worker->address, op->request.request_id(),
+                                              s.error_message());
+                                 }
+                               });
+}
+
+void DispatchCall::release_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {
+  auto op = unary_op<v1::ReleaseRequest, v1::ReleaseResponse>(core_->options.timeouts.cleanup);
+  op->request.set_request_id(id);
+  worker->stub->async()->Release(&op->ctx, &op->request, &op->response,
+                                 [op, worker](grpc::Status s) {
+                                   if (!s.ok()) {
+                                     log::debug("dispatch: worker {}: Release of request {}: {}",
+                                                worker->address, op->request.request_id(),
+                                                s.error_message());
+                                   }
+                                 });
+}
+
+}  // namespace cleave::router

@@ -1,0 +1,120 @@
+// The Dispatcher: admission (queue limit, no worker), the watchdog thread of stage deadlines,
+// shutdown, and make_dispatcher.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "cleave/common/log.h"
+#include "cleave/common/thread_pool.h"
+#include "cleave/router/dispatch_options.h"
+#include "dispatch/dispatch_call.h"
+#include "dispatch/worker_discovery.h"
+#include "fmt/format.h"
+
+namespace cleave::router {
+
+namespace {
+
+class DispatcherImpl final : public Dispatcher {
+ public:
+  explicit DispatcherImpl(const DispatcherOptions& options)
+      : core_(std::make_shared<DispatchCore>(options)),
+        discovery_(std::make_unique<WorkerDiscovery>(options, core_->pools)) {
+    // The watchdog's resolution: fine enough for the shortest stream deadline.
+    const auto shortest = std::min(options.timeouts.first_token, options.timeouts.stream_idle);
+    watch_period_ = std::clamp(shortest / 8, std::chrono::milliseconds(5),
+                               std::chrono::milliseconds(50));
+    discovery_->start();
+    watch_ = std::thread([this] { watch_loop(); });
+  }
+
+  ~DispatcherImpl() override { shutdown(); }
+
+  Result<std::shared_ptr<DispatchHandle>> submit(DispatchRequest request,
+                                                 std::shared_ptr<RequestObserver> observer) override {
+    if (core_->stopping.load()) return Unavailable("the router is shutting down");
+    if (!observer) return InvalidArgument("submit: no observer");
+    if (request.prompt.empty()) return InvalidArgument("the prompt has no tokens");
+    const int64_t limit = core_->options.queue_limit;
+    if (core_->admitted.fetch_add(1, std::memory_order_acq_rel) >= limit) {
+      core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
+      return ResourceExhausted(fmt::format(
+          "the router's queue is full: {} requests are in flight (queue_limit)", limit));
+    }
+    auto workers = core_->pools.choose(request.prompt, {});
+    if (!workers.ok()) {
+      core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
+      return workers.status();
+    }
+    auto call = std::make_shared<DispatchCall>(core_, std::move(request), std::move(observer));
+    core_->add_call(call);
+    call->start(std::move(*workers));
+    return std::shared_ptr<DispatchHandle>(call);
+  }
+
+  bool ready() const override { return !core_->stopping.load() && core_->pools.ready(); }
+
+  std::vector<PoolSnapshot> pools() const override { return core_->pools.snapshot(); }
+
+  v1::WorkerInfo model_info() const override { return core_->pools.model_info(); }
+
+  void shutdown() override {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);  // a concurrent shutdown finishes first
+    if (shut_down_) return;
+    shut_down_ = true;
+    core_->stopping.store(true);
+    discovery_->stop();
+    std::vector<std::shared_ptr<DispatchCall>> calls;
+    core_->calls_in_flight(calls);
+    const Status why = Unavailable("the router is shutting down");
+    for (auto& c : calls) c->abandon(why);
+    calls.clear();
+    const auto bound = core_->options.timeouts.cleanup + std::chrono::seconds(2);
+    if (!core_->wait_no_calls(bound)) {
+      log::warn("dispatch: requests still in flight {} ms after shutdown began", bound.count());
+    }
+    {
+      std::lock_guard<std::mutex> wl(watch_mu_);
+      watch_stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watch_.joinable()) watch_.join();
+  }
+
+ private:
+  void watch_loop() {
+    set_thread_name("dispatch-watch");
+    std::vector<std::shared_ptr<DispatchCall>> calls;  // reused: no allocation per round
+    std::unique_lock<std::mutex> lock(watch_mu_);
+    while (!watch_cv_.wait_for(lock, watch_period_, [&] { return watch_stop_; })) {
+      lock.unlock();
+      core_->calls_in_flight(calls);
+      const auto now = std::chrono::steady_clock::now();
+      // Outside every lock: a cancellation may run its completion on this thread.
+      for (auto& c : calls) c->check_deadline(now);
+      calls.clear();
+      lock.lock();
+    }
+  }
+
+  std::shared_ptr<DispatchCore> core_;
+  std::unique_ptr<WorkerDiscovery> discovery_;
+  std::chrono::milliseconds watch_period_{20};
+  std::thread watch_;
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;
+  std::mutex shutdown_mu_;
+  bool shut_down_ = false;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Dispatcher>> make_dispatcher(const DispatcherOptions& options) {
+  CLEAVE_RETURN_IF_ERROR(validate_dispatcher_options(options));
+  return std::unique_ptr<Dispatcher>(new DispatcherImpl(options));
+}
+
+}  // namespace cleave::router

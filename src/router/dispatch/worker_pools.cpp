@@ -1,0 +1,343 @@
+// Pool membership, readiness from probes, pairing of prefill and decode workers, and the
+// choice of workers for one attempt of a request.
+#include "dispatch/worker_pools.h"
+
+#include <algorithm>
+
+#include "cleave/common/log.h"
+#include "cleave/kvcache/prefix_hash.h"
+#include "cleave/worker/worker_client.h"
+#include "cleave/worker/worker_service.h"
+#include "fmt/format.h"
+
+namespace cleave::router {
+
+std::string_view pool_role_name(PoolRole role) {
+  switch (role) {
+    case PoolRole::kUnified: return "unified";
+    case PoolRole::kPrefill: return "prefill";
+    case PoolRole::kDecode: return "decode";
+  }
+  return "unknown";
+}
+
+std::shared_ptr<grpc::Channel> make_worker_channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  // The control plane is internal: never through an HTTP proxy from the environment.
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // A restarted worker is found again within a probe or two, not after minutes of backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+WorkerEndpoint::WorkerEndpoint(uint64_t k, PoolRole r, std::string addr)
+    : key(k), role(r), address(std::move(addr)) {
+  channel = make_worker_channel(address);
+  stub = v1::Worker::NewStub(channel);
+  generic = std::make_unique<grpc::GenericStub>(channel);
+}
+
+WorkerPools::WorkerPools(const DispatcherOptions& options) : options_(options) {
+  uint64_t seed = options.policy_seed;
+  if (seed == 0) seed = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
+  pool(PoolRole::kUnified).policy = make_dispatch_policy(options.unified.policy, options, seed);
+  pool(PoolRole::kPrefill).policy = make_dispatch_policy(options.prefill.policy, options, seed + 1);
+  pool(PoolRole::kDecode).policy = make_dispatch_policy(options.decode.policy, options, seed + 2);
+}
+
+std::vector<PoolRole> WorkerPools::roles() const {
+  if (options_.mode == DispatchMode::kUnified) return {PoolRole::kUnified};
+  return {PoolRole::kPrefill, PoolRole::kDecode};
+}
+
+void WorkerPools::set_members(PoolRole role, const std::vector<std::string>& addresses) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Pool& p = pool(role);
+  for (auto it = p.members.begin(); it != p.members.end();) {
+    if (std::find(addresses.begin(), addresses.end(), it->first) != addresses.end()) {
+      ++it;
+      continue;
+    }
+    log::info("dispatch: worker {} left the {} pool", it->first, pool_role_name(role));
+    forget_worker(it->second.endpoint->key);
+    it = p.members.erase(it);
+  }
+  for (const std::string& a : addresses) {
+    if (p.members.count(a) > 0) continue;
+    Member m;
+    m.endpoint = std::make_shared<WorkerEndpoint>(next_key_++, role, a);
+    m.not_ready_why = "not probed yet";
+    log::info("dispatch: worker {} joined the {} pool", a, pool_role_name(role));
+    p.members.emplace(a, std::move(m));
+  }
+}
+
+std::vector<std::pair<std::shared_ptr<WorkerEndpoint>, bool>> WorkerPools::probe_targets() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::shared_ptr<WorkerEndpoint>, bool>> out;
+  for (const Pool& p : pools_) {
+    for (const auto& [address, m] : p.members) out.emplace_back(m.endpoint, !m.has_info || !m.ready);
+  }
+  return out;
+}
+
+WorkerPools::Member* WorkerPools::find(const std::shared_ptr<WorkerEndpoint>& worker) {
+  Pool& p = pool(worker->role);
+  auto it = p.members.find(worker->address);
+  if (it == p.members.end() || it->second.endpoint != worker) return nullptr;
+  return &it->second;
+}
+
+void WorkerPools::set_ready(Member& m, bool ready, const std::string& why) {
+  const WorkerEndpoint& e = *m.endpoint;
+  if (ready && !m.ready) {
+    log::info("dispatch: {} worker {} ('{}') is ready", pool_role_name(e.role), e.address,
+              m.info.worker_id());
+  } else if (!ready && (m.ready || why != m.not_ready_why)) {
+    log::warn("dispatch: {} worker {} is not ready: {}", pool_role_name(e.role), e.address, why);
+  }
+  m.ready = ready;
+  m.not_ready_why = ready ? std::string() : why;
+}
+
+void WorkerPools::forget_worker(uint64_t key) {
+  for (auto it = pairings_.begin(); it != pairings_.end();) {
+    if (it->first.first == key || it->first.second == key) it = pairings_.erase(it);
+    else ++it;
+  }
+  for (Pool& p : pools_) p.policy->forget(key);
+}
+
+namespace {
+
+// The facts that change when a different process answers at the same address.
+bool same_worker(const v1::WorkerInfo& a, const v1::WorkerInfo& b) {
+  return a.worker_id() == b.worker_id() && a.pid() == b.pid() &&
+         a.model_fingerprint() == b.model_fingerprint() &&
+         a.transfer_address() == b.transfer_address() &&
+         a.kv_layout().SerializeAsString() == b.kv_layout().SerializeAsString();
+}
+
+}  // namespace
+
+void WorkerPools::apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, ProbeResult r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Member* m = find(worker);
+  if (m == nullptr) return;  // left the pool meanwhile
+  if (r.info_fetched && r.info_status.ok()) {
+    if (m->has_info && !same_worker(m->info, r.info)) {
+      log::info("dispatch: {} worker {} restarted or changed (now '{}', pid {})",
+                pool_role_name(worker->role), worker->address, r.info.worker_id(), r.info.pid());
+      forget_worker(worker->key);
+    }
+    m->info = std::move(r.info);
+    m->has_info = true;
+    if (hash_block_size_ == 0) {
+      hash_block_size_ = options_.prefix_block_size > 0 ? options_.prefix_block_size
+                                                        : m->info.kv_layout().block_size();
+      hash_seed_ = prefix_hash_seed_for_model(m->info.model_fingerprint());
+    }
+  }
+  if (r.load_status.ok()) {
+    m->load = std::move(r.load);
+    m->inflight_at_load = worker->inflight.load(std::memory_order_relaxed);
+  }
+  std::string why;
+  if (!r.health.ok()) why = r.health.to_string();
+  else if (!r.load_status.ok()) why = r.load_status.to_string();
+  else if (r.info_fetched && !r.info_status.ok()) why = r.info_status.to_string();
+  else if (!m->has_info) why = "its GetInfo has not answered yet";
+  else if (m->info.role() != pool_role_name(worker->role)) {
+    why = fmt::format("it is a {} worker ('{}'), not a {} worker", m->info.role(),
+                      m->info.worker_id(), pool_role_name(worker->role));
+  }
+  set_ready(*m, why.empty(), why);
+  update_pairings();
+}
+
+void WorkerPools::mark_failed(const std::shared_ptr<WorkerEndpoint>& worker, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Member* m = find(worker);
+  if (m != nullptr) set_ready(*m, false, why.to_string());
+}
+
+void WorkerPools::update_pairings() {
+  if (options_.mode != DispatchMode::kDisaggregated) return;
+  for (const auto& [pa, p] : pool(PoolRole::kPrefill).members) {
+    if (!p.ready) continue;
+    for (const auto& [da, d] : pool(PoolRole::kDecode).members) {
+      if (!d.ready) continue;
+      const auto key = std::make_pair(p.endpoint->key, d.endpoint->key);
+      if (pairings_.count(key) > 0) continue;
+      const Status s = check_pairing(p.info, d.info);
+      if (!s.ok()) {
+        log::error("dispatch: prefill worker {} and decode worker {} cannot pair: {}", pa, da,
+                   s.message());
+      }
+      pairings_[key] = s.ok();
+    }
+  }
+}
+
+bool WorkerPools::paired(uint64_t prefill, uint64_t decode) const {
+  auto it = pairings_.find({prefill, decode});
+  return it != pairings_.end() && it->second;
+}
+
+WorkerCandidate WorkerPools::candidate(const Member& m) {
+  WorkerCandidate c;
+  c.worker = m.endpoint->key;
+  const int64_t since = m.endpoint->inflight.load(std::memory_order_relaxed) - m.inflight_at_load;
+  c.load = std::max<int64_t>(0, m.load.waiting() + m.load.running() + since);
+  c.kv_usage = m.load.kv_usage();
+  return c;
+}
+
+std::vector<uint64_t> WorkerPools::block_hashes(PoolRole role,
+                                                std::span<const int32_t> prompt) const {
+  int64_t block_size = 0;
+  uint64_t seed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!pool(role).policy->wants_block_hashes()) return {};
+    block_size = hash_block_size_;
+    seed = hash_seed_;
+  }
+  if (block_size <= 0) return {};
+  return hash_full_blocks(prompt, block_size, seed);
+}
+
+Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
+                                       std::span<const uint64_t> excluded) {
+  auto allowed = [&](const Member& m) {
+    return m.ready && std::find(excluded.begin(), excluded.end(), m.endpoint->key) == excluded.end();
+  };
+  auto describe = [&](PoolRole role) {
+    const Pool& p = pool(role);
+    size_t ready = 0;
+    for (const auto& [a, m] : p.members) ready += m.ready ? 1 : 0;
+    std::string s = fmt::format("no {} worker can take the request ({} known, {} ready",
+                                pool_role_name(role), p.members.size(), ready);
+    if (!excluded.empty()) s += fmt::format(", {} already tried", excluded.size());
+    return s + ")";
+  };
+  Assignment out;
+  if (options_.mode == DispatchMode::kUnified) {
+    const std::vector<uint64_t> hashes = block_hashes(PoolRole::kUnified, prompt);
+    std::lock_guard<std::mutex> lock(mu_);
+    Pool& p = pool(PoolRole::kUnified);
+    std::vector<WorkerCandidate> cands;
+    std::vector<const Member*> members;
+    for (const auto& [a, m] : p.members) {
+      if (!allowed(m)) continue;
+      cands.push_back(candidate(m));
+      members.push_back(&m);
+    }
+    if (cands.empty()) return Unavailable(describe(PoolRole::kUnified));
+    const size_t i = p.policy->pick(cands, hashes);
+    p.policy->routed(cands[i].worker, hashes);
+    out.unified = members[i]->endpoint;
+    return out;
+  }
+
+  const std::vector<uint64_t> prefill_hashes = block_hashes(PoolRole::kPrefill, prompt);
+  const std::vector<uint64_t> decode_hashes = block_hashes(PoolRole::kDecode, prompt);
+  std::lock_guard<std::mutex> lock(mu_);
+  Pool& pp = pool(PoolRole::kPrefill);
+  Pool& dp = pool(PoolRole::kDecode);
+  std::vector<WorkerCandidate> cands;
+  std::vector<const Member*> members;
+  bool any_decode = false;
+  for (const auto& [a, d] : dp.members) {
+    if (!allowed(d)) continue;
+    any_decode = true;
+    bool has_partner = false;
+    for (const auto& [b, p] : pp.members) {
+      if (allowed(p) && paired(p.endpoint->key, d.endpoint->key)) {
+        has_partner = true;
+        break;
+      }
+    }
+    if (!has_partner) continue;
+    cands.push_back(candidate(d));
+    members.push_back(&d);
+  }
+  if (cands.empty()) {
+    if (!any_decode) return Unavailable(describe(PoolRole::kDecode));
+    return Unavailable(describe(PoolRole::kPrefill) + " paired with a ready decode worker");
+  }
+  size_t i = dp.policy->pick(cands, decode_hashes);
+  dp.policy->routed(cands[i].worker, decode_hashes);
+  out.decode = members[i]->endpoint;
+
+  cands.clear();
+  members.clear();
+  for (const auto& [b, p] : pp.members) {
+    if (!allowed(p) || !paired(p.endpoint->key, out.decode->key)) continue;
+    cands.push_back(candidate(p));
+    members.push_back(&p);
+  }
+  i = pp.policy->pick(cands, prefill_hashes);
+  pp.policy->routed(cands[i].worker, prefill_hashes);
+  out.prefill = members[i]->endpoint;
+  return out;
+}
+
+bool WorkerPools::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (options_.mode == DispatchMode::kUnified) {
+    for (const auto& [a, m] : pool(PoolRole::kUnified).members) {
+      if (m.ready) return true;
+    }
+    return false;
+  }
+  for (const auto& [pa, p] : pool(PoolRole::kPrefill).members) {
+    if (!p.ready) continue;
+    for (const auto& [da, d] : pool(PoolRole::kDecode).members) {
+      if (d.ready && paired(p.endpoint->key, d.endpoint->key)) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<PoolSnapshot> WorkerPools::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PoolSnapshot> out;
+  for (PoolRole role : roles()) {
+    PoolSnapshot s;
+    s.name = std::string(pool_role_name(role));
+    for (const auto& [a, m] : pool(role).members) {
+      ++s.workers_known;
+      if (!m.ready) continue;
+      ++s.workers_ready;
+      s.waiting += m.load.waiting();
+      s.running += m.load.running();
+      s.blocks_total += m.load.blocks_total();
+      s.blocks_used += m.load.blocks_used();
+    }
+    s.kv_usage = s.blocks_total > 0
+                     ? static_cast<double>(s.blocks_used) / static_cast<double>(s.blocks_total)
+                     : 0.0;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+v1::WorkerInfo WorkerPools::model_info() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The worker that streams the tokens speaks for the model (context length, vocabulary).
+  for (PoolRole role : {PoolRole::kUnified, PoolRole::kDecode, PoolRole::kPrefill}) {
+    for (const auto& [a, m] : pool(role).members) {
+      if (m.ready && m.has_info) return m.info;
+    }
+  }
+  return {};
+}
+
+}  // namespace cleave::router

@@ -1,0 +1,134 @@
+// The dispatcher's view of its workers: one WorkerEndpoint per worker address (a gRPC channel,
+// the generated stub for the callback API, what the last probe found), grouped in pools, the
+// accepted (prefill, decode) pairs, and the choice of workers for one attempt of a request.
+//
+// Thread-safety: WorkerPools is thread-safe (one mutex, never held across I/O or a policy-free
+// callback). An endpoint's channel and stubs are immutable after construction and thread-safe;
+// its `inflight` counter is atomic; everything else about it lives under the WorkerPools mutex.
+// Endpoints are shared: a request in flight keeps the endpoint it uses alive after the worker
+// has left its pool.
+#pragma once
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cleave/common/status.h"
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/dispatch_policy.h"
+#include "cleave/router/dispatcher.h"
+#include "cleave/v1/worker.grpc.pb.h"
+
+namespace cleave::router {
+
+enum class PoolRole : uint8_t { kUnified = 0, kPrefill = 1, kDecode = 2 };
+inline constexpr int kNumPoolRoles = 3;
+std::string_view pool_role_name(PoolRole role);  // "unified", "prefill", "decode"
+
+struct WorkerEndpoint {
+  WorkerEndpoint(uint64_t key, PoolRole role, std::string address);
+
+  const uint64_t key;  // unique in the dispatcher
+  const PoolRole role;
+  const std::string address;  // "host:port"
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Worker::Stub> stub;
+  std::unique_ptr<grpc::GenericStub> generic;  // grpc.health.v1.Health/Check
+  // This router's requests using the worker now.
+  std::atomic<int64_t> inflight{0};
+};
+
+// What one probe of one worker found.
+struct ProbeResult {
+  Status health;  // OK when grpc.health.v1 answered SERVING
+  Status load_status;
+  v1::LoadReport load;
+  bool info_fetched = false;  // GetInfo was asked (first probe, or after the worker was down)
+  Status info_status;
+  v1::WorkerInfo info;
+};
+
+// The workers one attempt of a request uses: `unified`, or `prefill` + `decode`.
+struct Assignment {
+  std::shared_ptr<WorkerEndpoint> unified;
+  std::shared_ptr<WorkerEndpoint> prefill;
+  std::shared_ptr<WorkerEndpoint> decode;
+};
+
+class WorkerPools {
+ public:
+  explicit WorkerPools(const DispatcherOptions& options);
+
+  DispatchMode mode() const { return options_.mode; }
+  // The pools the mode uses.
+  std::vector<PoolRole> roles() const;
+
+  // Makes the workers of `role` exactly `addresses`: new ones join (not ready until probed),
+  // missing ones leave (requests in flight on them go on).
+  void set_members(PoolRole role, const std::vector<std::string>& addresses);
+  // Every endpoint of every pool, and whether each needs GetInfo on its next probe.
+  std::vector<std::pair<std::shared_ptr<WorkerEndpoint>, bool>> probe_targets() const;
+  // Records a probe: ready when SERVING, GetLoad answered, the info known and of the pool's
+  // role. A worker whose info changed (restart) loses its pairings and prefix history.
+  void apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, ProbeResult result);
+  // An RPC failed UNAVAILABLE: out of its pool until a probe succeeds.
+  void mark_failed(const std::shared_ptr<WorkerEndpoint>& worker, const Status& why);
+
+  // Workers for one attempt of a request with `prompt`, none of them in `excluded` (keys).
+  // Unavailable (saying what is missing) when the pools cannot serve it now.
+  Result<Assignment> choose(std::span<const int32_t> prompt, std::span<const uint64_t> excluded);
+
+  bool ready() const;
+  std::vector<PoolSnapshot> snapshot() const;
+  v1::WorkerInfo model_info() const;
+
+ private:
+  struct Member {
+    std::shared_ptr<WorkerEndpoint> endpoint;
+    bool ready = false;
+    bool has_info = false;
+    v1::WorkerInfo info;
+    v1::LoadReport load;
+    int64_t inflight_at_load = 0;  // endpoint->inflight when `load` was taken
+    std::string not_ready_why;     // last reason, logged on change
+  };
+  struct Pool {
+    std::map<std::string, Member> members;  // by address
+    std::unique_ptr<DispatchPolicy> policy;
+  };
+
+  Pool& pool(PoolRole role) { return pools_[static_cast<int>(role)]; }
+  const Pool& pool(PoolRole role) const { return pools_[static_cast<int>(role)]; }
+  Member* find(const std::shared_ptr<WorkerEndpoint>& worker);
+  void set_ready(Member& m, bool ready, const std::string& why);
+  void forget_worker(uint64_t key);
+  void update_pairings();
+  bool paired(uint64_t prefill, uint64_t decode) const;
+  static WorkerCandidate candidate(const Member& m);
+  // The block hashes prefix_aware needs for `prompt` in the pool of `role`; empty when its
+  // policy does not read them or no worker's info is known yet.
+  std::vector<uint64_t> block_hashes(PoolRole role, std::span<const int32_t> prompt) const;
+
+  const DispatcherOptions options_;
+  mutable std::mutex mu_;
+  Pool pools_[kNumPoolRoles];
+  // (prefill key, decode key) -> accepted; computed once both infos are known.
+  std::map<std::pair<uint64_t, uint64_t>, bool> pairings_;
+  uint64_t next_key_ = 1;
+  // Hashing parameters from the first known worker info (0 until then).
+  int64_t hash_block_size_ = 0;
+  uint64_t hash_seed_ = 0;
+};
+
+// A channel to `address` as the control plane wants it (no proxy, keepalive, quick reconnect).
+std::shared_ptr<grpc::Channel> make_worker_channel(const std::string& address);
+
+}  // namespace cleave::router
