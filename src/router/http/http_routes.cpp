@@ -1,0 +1,189 @@
+// Route table, API key check, and the non-completion endpoints.
+#include "http_routes.h"
+
+#include <fmt/format.h>
+
+#include "cleave/router/json_writer.h"
+
+namespace cleave::router {
+namespace {
+
+constexpr std::string_view kCompletions = "/v1/completions";
+constexpr std::string_view kChatCompletions = "/v1/chat/completions";
+constexpr std::string_view kModels = "/v1/models";
+constexpr std::string_view kModelsPrefix = "/v1/models/";
+constexpr std::string_view kHealth = "/health";
+constexpr std::string_view kMetrics = "/metrics";
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
+
+// Compares in time that depends on the lengths only, not on where the first difference is.
+bool same_secret(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+std::optional<openai::ApiError> check_api_key(const HttpServerOptions& options,
+                                              std::string_view authorization) {
+  if (options.api_keys.empty()) return std::nullopt;
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  constexpr std::string_view kBearer = "bearer ";
+  if (authorization.size() <= kBearer.size() ||
+      !iequals(authorization.substr(0, kBearer.size()), kBearer)) {
+    return openai::invalid_api_key(/*missing=*/true);
+  }
+  std::string_view token = authorization.substr(kBearer.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+  bool ok = false;
+  for (const auto& key : options.api_keys) ok |= same_secret(token, key);
+  if (!ok) return openai::invalid_api_key(/*missing=*/false);
+  return std::nullopt;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// %XX decoding (a malformed escape is kept as it is).
+std::string percent_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size()) {
+      const int hi = hex_value(s[i + 1]);
+      const int lo = hex_value(s[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        out.push_back(static_cast<char>(hi * 16 + lo));
+        i += 2;
+        continue;
+      }
+    }
+    out.push_back(s[i]);
+  }
+  return out;
+}
+
+SimpleResponse json_response(int status, std::string body) {
+  SimpleResponse r;
+  r.status = status;
+  r.body = std::move(body);
+  return r;
+}
+
+SimpleResponse health_response(const RouterFrontend& frontend) {
+  const Dispatcher& dispatcher = frontend.dispatcher();
+  const bool ready = dispatcher.ready();
+  std::string body;
+  openai::JsonWriter w(body);
+  w.begin_object();
+  w.key("status").string(ready ? "ok" : "unavailable");
+  w.key("pools").begin_array();
+  for (const auto& p : dispatcher.pools()) {
+    w.begin_object();
+    w.key("name").string(p.name);
+    w.key("workers_ready").integer(p.workers_ready);
+    w.key("workers_known").integer(p.workers_known);
+    w.end_object();
+  }
+  w.end_array();
+  w.end_object();
+  return json_response(ready ? 200 : 503, std::move(body));
+}
+
+SimpleResponse method_not_allowed(std::string_view method, std::string_view path,
+                                  std::string_view allowed) {
+  SimpleResponse r = error_response(openai::method_not_allowed(method, path));
+  r.extra_headers = fmt::format("Allow: {}\r\n", allowed);
+  return r;
+}
+
+}  // namespace
+
+SimpleResponse error_response(const openai::ApiError& error) {
+  return json_response(error.http_status, error.to_json());
+}
+
+RouteDecision route_request(const HttpServerOptions& options, const RouterFrontend& frontend,
+                            const RouteInput& input) {
+  RouteDecision d;
+  std::string_view path = input.target;
+  if (const size_t q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
+
+  if (path.starts_with("/v1/")) {
+    if (auto err = check_api_key(options, input.authorization)) {
+      if (path == kCompletions) d.handler = kCompletions;
+      if (path == kChatCompletions) d.handler = kChatCompletions;
+      if (path == kModels || path.starts_with(kModelsPrefix)) d.handler = kModels;
+      d.response = error_response(*err);
+      return d;
+    }
+  }
+
+  const bool get = input.method == "GET";
+  const bool post = input.method == "POST";
+  if (path == kCompletions || path == kChatCompletions) {
+    d.handler = path == kCompletions ? kCompletions : kChatCompletions;
+    if (!post) {
+      d.response = method_not_allowed(input.method, path, "POST");
+      return d;
+    }
+    auto prepared = path == kCompletions ? frontend.prepare_completion(input.body)
+                                         : frontend.prepare_chat(input.body);
+    if (!prepared.ok()) {
+      d.response = error_response(prepared.error());
+    } else {
+      d.prepared = std::move(*prepared);
+    }
+    return d;
+  }
+  if (path == kModels || path.starts_with(kModelsPrefix)) {
+    d.handler = kModels;
+    if (!get) {
+      d.response = method_not_allowed(input.method, path, "GET");
+      return d;
+    }
+    if (path == kModels) {
+      d.response = json_response(200, frontend.models_json());
+    } else {
+      auto card = frontend.model_json(percent_decode(path.substr(kModelsPrefix.size())));
+      d.response = card.ok() ? json_response(200, std::move(*card)) : error_response(card.error());
+    }
+    return d;
+  }
+  if (path == kHealth) {
+    d.handler = kHealth;
+    d.response = get ? health_response(frontend) : method_not_allowed(input.method, path, "GET");
+    return d;
+  }
+  if (path == kMetrics) {
+    d.handler = kMetrics;
+    if (!get) {
+      d.response = method_not_allowed(input.method, path, "GET");
+      return d;
+    }
+    SimpleResponse r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = frontend.render_metrics();
+    d.response = std::move(r);
+    return d;
+  }
+  d.response = error_response(openai::unknown_route(input.method, path));
+  return d;
+}
+
+}  // namespace cleave::router
