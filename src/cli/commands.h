@@ -15,5 +15,7 @@ void add_bench_command(CLI::App& app, int* exit_code);  // `bench transfer`
 void add_template_command(CLI::App& app, int* exit_code);  // chat templates
 void add_client_command(CLI::App& app, int* exit_code); // one request on running workers
 void add_worker_command(CLI::App& app, int* exit_code); // `worker --role ...`
+void add_serve_command(CLI::App& app, int* exit_code);  // `serve`: workers + router
+void add_router_command(CLI::App& app, int* exit_code); // `router`: the router alone
 
 }  // namespace cleave::cli

@@ -1,0 +1,81 @@
+// The router process (issue 6 "`cleave serve`"): the dispatcher (dispatcher.h), the request
+// front with the served model's tokenizer and chat template (router_frontend.h) and the
+// OpenAI HTTP server (http_server.h), built from the configuration (Config::router and
+// Config::pools) and run until stopped. `cleave router` runs one against workers named in the
+// configuration; `cleave serve` runs one in-process against the workers it starts
+// (worker_supervisor.h).
+//
+// Thread-safety: start() and stop() from one controlling thread; the accessors from any thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cleave/common/config.h"
+#include "cleave/common/metrics.h"
+#include "cleave/common/status.h"
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/dispatcher.h"
+#include "cleave/router/http_server.h"
+#include "cleave/router/router_frontend.h"
+
+namespace cleave::router {
+
+// "a, b,,c" -> {"a", "b", "c"}: split at commas, blanks trimmed, empty entries dropped.
+std::vector<std::string> split_comma_list(std::string_view text);
+
+// The dispatch settings of `config`: mode and policies, the pools of the mode from
+// pools.<pool>.workers and pools.<pool>.dns ("NAME:PORT"), probe interval, DNS refresh, queue
+// limit (router.max_queue) and the first-token deadlines (router.request_timeout_ms).
+// InvalidArgument naming the setting for a bad mode, policy, DNS entry, or a pool of the mode
+// that names no worker.
+Result<DispatcherOptions> dispatcher_options_from_config(const Config& config);
+
+// The HTTP settings of `config`: router.host, port, io_threads, max_body_bytes, api_keys.
+Result<HttpServerOptions> http_server_options_from_config(const Config& config);
+
+// "http://HOST:PORT/" for a client on this machine: a wildcard host (0.0.0.0, ::, "") is shown
+// as 127.0.0.1, an IPv6 literal in brackets.
+std::string client_url(std::string_view host, int port);
+
+class RouterApp {
+ public:
+  // Builds and starts the router: the model file (config.model.path, else the embedded default
+  // model, generated once) gives the tokenizer, chat template and served name
+  // (router.served_model_name wins); the dispatcher starts discovering and probing the
+  // workers; the HTTP server listens. Returns once listening: /health answers 503 until the
+  // pools are ready (wait_ready()). Errors: the settings' (InvalidArgument), the model file's,
+  // Unavailable when the port cannot be bound.
+  static Result<std::unique_ptr<RouterApp>> start(const Config& config);
+  // stop().
+  ~RouterApp();
+  RouterApp(const RouterApp&) = delete;
+  RouterApp& operator=(const RouterApp&) = delete;
+
+  // Waits until every pool has a ready worker (Dispatcher::ready()) and, with all_workers, until
+  // every worker the router knows is ready; false when `timeout` passed first.
+  bool wait_ready(std::chrono::milliseconds timeout, bool all_workers) const;
+
+  int port() const;         // the bound HTTP port (the chosen one when router.port is 0)
+  std::string url() const;  // client_url(router.host, port())
+  const std::string& model_name() const;  // the name the API serves the model under
+  Dispatcher& dispatcher() const;
+
+  // Stops the HTTP server (requests in flight are cancelled on their workers), then the
+  // dispatcher. Idempotent.
+  void stop();
+
+ private:
+  RouterApp() = default;
+  std::string host_;
+  std::unique_ptr<metrics::MetricsRegistry> registry_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<RouterFrontend> frontend_;
+  std::unique_ptr<HttpServer> server_;
+  int port_ = 0;
+};
+
+}  // namespace cleave::router

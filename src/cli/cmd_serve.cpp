@@ -1,0 +1,296 @@
+// `cleave serve [--model PATH] [--config FILE] [--port 8000]`: the whole server on one machine
+// (issue 6 "`cleave serve`"). Starts the worker pools the configuration names as child
+// processes (`cleave worker`, supervised and restarted: worker_supervisor.h), waits until every
+// worker is healthy, runs the router in-process (router_app.h), prints the URL and a curl
+// example, and on SIGINT / SIGTERM stops the router and every worker and exits 0.
+//
+// stdout carries one line per worker start ("worker <pool> <id> pid <pid> listening on
+// <host>:<port>") and exit ("worker <pool> <id> pid <pid> exited: <how>"), then, once serving,
+// "cleave serve listening on http://<host>:<port>/" and a curl example; logs go to stderr.
+#include <signal.h>
+#include <time.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cleave/common/log.h"
+#include "cleave/model/default_model.h"
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/router_app.h"
+#include "cleave/router/worker_supervisor.h"
+#include "commands.h"
+#include "fmt/format.h"
+#include "nlohmann/json.hpp"
+#include "settings_flags.h"
+
+namespace cleave::cli {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr milliseconds kHealthyTimeout{120000};
+
+// True when SIGINT or SIGTERM arrived (they are blocked in every thread; taken here).
+bool stop_signal_pending(const sigset_t& signals, milliseconds wait) {
+  timespec ts{static_cast<time_t>(wait.count() / 1000),
+              static_cast<long>((wait.count() % 1000) * 1000000)};
+  const int sig = sigtimedwait(&signals, nullptr, &ts);
+  if (sig == SIGINT || sig == SIGTERM) {
+    log::info("serve: {}: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    return true;
+  }
+  return false;
+}
+
+// Settings a worker takes from the serve command line or file (the environment reaches it by
+// inheritance): everything but the router's, the pools', the worker identity and the model.
+bool forwarded_to_workers(const SettingsRegistry::Setting& s) {
+  if (s.source == "default" || s.source.rfind("env", 0) == 0) return false;
+  for (std::string_view prefix :
+       {"router.", "pools.", "worker.role", "worker.listen", "worker.id", "model.path"}) {
+    if (s.key.rfind(prefix, 0) == 0) return false;
+  }
+  return true;
+}
+
+struct PoolPlan {
+  std::string name;                  // "prefill", "decode", "unified"
+  PoolSettings* settings = nullptr;  // in the serve command's Config
+  bool started_here = false;         // no workers / dns given: serve starts `replicas` children
+};
+
+Status check_pools(const std::vector<PoolPlan>& pools) {
+  for (const PoolPlan& p : pools) {
+    if (p.started_here && p.settings->replicas < 1) {
+      return InvalidArgument(fmt::format(
+          "pools.{}.replicas is 0 and neither pools.{}.workers nor pools.{}.dns names workers",
+          p.name, p.name, p.name));
+    }
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<router::WorkerProcessSpec>> worker_specs(const SettingsFlags& flags,
+                                                            const std::vector<PoolPlan>& pools,
+                                                            const std::string& model_path) {
+  const Config& config = flags.config;
+  int64_t children = 0;
+  for (const PoolPlan& p : pools) {
+    if (p.started_here) children += p.settings->replicas;
+  }
+  std::vector<std::string> common;
+  for (const auto& s : flags.registry.settings()) {
+    if (forwarded_to_workers(s)) common.push_back(fmt::format("{}={}", s.key, s.get()));
+  }
+  const int64_t cpus = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<router::WorkerProcessSpec> specs;
+  for (const PoolPlan& p : pools) {
+    if (!p.started_here) continue;
+    const PoolSettings& ps = *p.settings;
+    std::vector<std::string> sets = common;
+    int64_t threads = ps.threads > 0 ? ps.threads : config.engine.threads;
+    if (threads == 0) threads = std::max<int64_t>(1, cpus / std::max<int64_t>(1, children));
+    sets.push_back(fmt::format("engine.threads={}", threads));
+    if (ps.kv_blocks > 0) sets.push_back(fmt::format("engine.kv_blocks={}", ps.kv_blocks));
+    if (ps.kv_cache_bytes > 0) {
+      sets.push_back(fmt::format("engine.kv_cache_bytes={}", ps.kv_cache_bytes));
+    }
+    if (ps.max_tokens_per_step > 0) {
+      sets.push_back(fmt::format("engine.max_tokens_per_step={}", ps.max_tokens_per_step));
+    }
+    if (ps.max_num_seqs > 0) sets.push_back(fmt::format("engine.max_num_seqs={}", ps.max_num_seqs));
+    // Every worker serve starts is on this machine: shared memory moves the KV.
+    if (p.name != "unified" &&
+        (config.transfer.provider == "auto" || config.transfer.provider.empty())) {
+      sets.push_back("transfer.provider=shm");
+    }
+    for (int64_t i = 0; i < ps.replicas; ++i) {
+      router::WorkerProcessSpec spec;
+      spec.pool = p.name;
+      spec.id = fmt::format("{}-{}", p.name, i);
+      spec.args = {"worker", "--role", p.name, "--id", spec.id, "--model", model_path};
+      for (const std::string& s : sets) {
+        spec.args.push_back("--set");
+        spec.args.push_back(s);
+      }
+      specs.push_back(std::move(spec));
+    }
+  }
+  return specs;
+}
+
+void print_line(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+void print_serving(const router::RouterApp& app, const Config& config, const std::string& plan) {
+  const std::string url = app.url();
+  print_line(
+      fmt::format("cleave serve listening on {} (model '{}', {})", url, app.model_name(), plan));
+  nlohmann::json body = {{"model", app.model_name()},
+                         {"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
+                         {"max_tokens", 64}};
+  std::string auth;
+  if (!router::split_comma_list(config.router.api_keys).empty()) {
+    auth = " -H 'Authorization: Bearer YOUR_API_KEY'";
+  }
+  print_line(
+      fmt::format("Try: curl {}v1/chat/completions -H 'Content-Type: application/json'{} "
+                  "-d '{}'",
+                  url, auth, body.dump()));
+  print_line("Stop with Ctrl-C.");
+}
+
+int run_serve(SettingsFlags& flags) {
+  if (Status s = load_settings_flags(flags); !s.ok()) {
+    std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
+    return 2;
+  }
+  Config& config = flags.config;
+  LogOptions log_opts;
+  log_opts.level = config.log.level;
+  log_opts.role = "router";
+  if (Status s = init_logging(log_opts); !s.ok()) {
+    std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
+    return 2;
+  }
+  auto mode = router::parse_dispatch_mode(config.router.mode);
+  if (!mode.ok()) {
+    std::fprintf(stderr, "cleave serve: router.mode: %s\n", mode.status().message().c_str());
+    return 2;
+  }
+
+  // Every thread started from here on inherits the blocked signals; this thread takes them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<PoolPlan> pools;
+  if (*mode == router::DispatchMode::kUnified) {
+    pools.push_back({"unified", &config.pools.unified});
+  } else {
+    pools.push_back({"prefill", &config.pools.prefill});
+    pools.push_back({"decode", &config.pools.decode});
+  }
+  std::string plan = std::string(router::dispatch_mode_name(*mode)) + ":";
+  for (PoolPlan& p : pools) {
+    p.started_here = p.settings->workers.empty() && p.settings->dns.empty();
+    plan += p.started_here ? fmt::format(" {} {} worker{}", p.settings->replicas, p.name,
+                                         p.settings->replicas == 1 ? "" : "s")
+                           : fmt::format(" the {} workers of the config", p.name);
+    plan += p.name == pools.back().name ? "" : ",";
+  }
+  if (Status s = check_pools(pools); !s.ok()) {
+    std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
+    return 2;
+  }
+  if (config.model.path.empty()) {
+    auto path = ensure_default_model();
+    if (!path.ok()) {
+      std::fprintf(stderr, "cleave serve: the default model: %s\n",
+                   path.status().message().c_str());
+      return 1;
+    }
+    log::info("serve: no model given; serving the embedded default model {}", *path);
+    config.model.path = *path;
+  }
+
+  auto specs = worker_specs(flags, pools, config.model.path);
+  if (!specs.ok()) {
+    std::fprintf(stderr, "cleave serve: %s\n", specs.status().message().c_str());
+    return 2;
+  }
+
+  std::unique_ptr<router::WorkerSupervisor> supervisor;
+  if (!specs->empty()) {
+    router::SupervisorOptions sup;
+    sup.on_event = [](const router::ChildEvent& e) {
+      if (e.kind == router::ChildEvent::Kind::kListening) {
+        print_line(
+            fmt::format("worker {} {} pid {} listening on {}", e.pool, e.id, e.pid, e.address));
+      } else {
+        print_line(fmt::format("worker {} {} pid {} exited: {}", e.pool, e.id, e.pid, e.reason));
+      }
+    };
+    auto started = router::WorkerSupervisor::start(std::move(*specs), std::move(sup));
+    if (!started.ok()) {
+      std::fprintf(stderr, "cleave serve: %s\n", started.status().message().c_str());
+      return 1;
+    }
+    supervisor = std::move(started).value();
+    for (;;) {
+      Status s = supervisor->wait_started(milliseconds(100));
+      if (s.ok()) break;
+      if (s.code() != StatusCode::kDeadlineExceeded) {
+        std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
+        supervisor->stop();
+        return 1;
+      }
+      if (stop_signal_pending(signals, milliseconds(0))) {
+        supervisor->stop();
+        return 0;
+      }
+    }
+    for (PoolPlan& p : pools) {
+      if (p.started_here) {
+        p.settings->workers = fmt::format("{}", fmt::join(supervisor->addresses(p.name), ","));
+      }
+    }
+  }
+
+  auto app = router::RouterApp::start(config);
+  if (!app.ok()) {
+    std::fprintf(stderr, "cleave serve: %s\n", app.status().message().c_str());
+    if (supervisor) supervisor->stop();
+    return app.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  const auto healthy_by = std::chrono::steady_clock::now() + kHealthyTimeout;
+  bool stop_now = false;
+  while (!(*app)->wait_ready(milliseconds(100), /*all_workers=*/true)) {
+    if (stop_signal_pending(signals, milliseconds(0))) {
+      stop_now = true;
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= healthy_by) {
+      log::warn(
+          "serve: not every worker is healthy after {} s; serving with the ready ones "
+          "(/health says when the pools are ready)",
+          kHealthyTimeout.count() / 1000);
+      break;
+    }
+  }
+  if (!stop_now) {
+    print_serving(**app, config, plan);
+    while (!stop_signal_pending(signals, milliseconds(1000))) {
+    }
+  }
+  (*app)->stop();
+  if (supervisor) supervisor->stop();
+  log::info("serve: stopped");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app, int* exit_code) {
+  auto flags = std::make_shared<SettingsFlags>();
+  auto* sub = app.add_subcommand(
+      "serve",
+      "Serve the OpenAI API: start the worker pools as child processes and the router "
+      "(default: one prefill and one decode worker on this machine, KV over shared memory)");
+  add_settings_flags(sub, flags, [](const SettingsRegistry::Setting& s) {
+    return s.key.rfind("worker.", 0) != 0;
+  });
+  sub->callback([flags, exit_code] { *exit_code = run_serve(*flags); });
+}
+
+}  // namespace cleave::cli

@@ -1,0 +1,168 @@
+"""End-to-end: a decode worker killed (SIGKILL) under load, `cleave serve` with
+pools.decode.replicas=2 and router.policy_decode=round_robin. No request hangs; requests that had not started streaming when the
+worker died succeed on the other worker; the streams that were on it end with an error event;
+serve restarts the worker on its address and the router takes it back.
+
+Usage: python3 serve_worker_failure_test.py CLEAVE_BINARY MODELS_DIR
+"""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import unittest
+import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import serve_harness as h  # noqa: E402
+
+BEFORE = 12   # long streams running when the worker is killed
+AFTER = 16    # requests sent right after it
+BOUND_S = 90.0
+
+
+class ServeWorkerFailureTest(unittest.TestCase):
+    def test_kill_decode_worker_under_load(self):
+        # round_robin: requests alternate between the two decode workers, so that streams are
+        # on the victim when it dies and requests sent after it are first sent there.
+        serve = h.serve("--set", "pools.decode.replicas=2",
+                        "--set", "router.policy_decode=round_robin")
+        try:
+            self.run_kill(serve)
+            # serve itself SIGKILLed: its workers follow (PR_SET_PDEATHSIG), none is left.
+            pids = [pid for _, pid, _ in serve.workers().values()]
+            os.kill(serve.proc.pid, signal.SIGKILL)
+            serve.proc.wait(timeout=10)
+            for pid in pids:
+                self.assertTrue(h.wait_gone(pid, 15), f"worker {pid} outlived a killed serve")
+        finally:
+            serve.kill()
+
+    def run_kill(self, serve):
+        import openai
+        client = h.client(serve, timeout=BOUND_S)
+        model = client.models.list().data[0].id
+        workers = serve.workers()
+        self.assertEqual(sorted(w for w in workers if workers[w][0] == "decode"),
+                         ["decode-0", "decode-1"])
+        victim_pid = workers["decode-0"][1]
+        streams_started = threading.Semaphore(0)
+
+        def one(i, max_tokens):
+            """('ok' | 'error_after_start: ...' | 'error_before_start: ...', time of the first
+            chunk or None)."""
+            started, first_at = False, None
+            try:
+                resp = client.completions.create(
+                    model=model, prompt=f"Once upon a time {i}", max_tokens=max_tokens,
+                    temperature=0.7, seed=i, stream=True, extra_body={"ignore_eos": True})
+                finish = None
+                for chunk in resp:
+                    if not started:
+                        started = True
+                        first_at = time.monotonic()
+                    for c in chunk.choices:
+                        finish = c.finish_reason or finish
+                if finish not in ("length", "stop"):
+                    return "no_finish_reason", first_at
+                return "ok", first_at
+            except openai.APIError as e:
+                kind = "error_after_start" if started else "error_before_start"
+                return f"{kind}: {type(e).__name__}: {e}", first_at
+
+        url = urllib.parse.urlsplit(serve.url)
+
+        def raw_stream(i, max_tokens):
+            """one() over plain http.client, which reads a stream far faster than the openai
+            client parses it: the load is then bounded by the server, not by this process."""
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=BOUND_S)
+            try:
+                body = json.dumps({"model": model, "prompt": f"Once upon a time {i}",
+                                   "max_tokens": max_tokens, "temperature": 0.7, "seed": i,
+                                   "stream": True, "ignore_eos": True})
+                conn.request("POST", "/v1/completions", body,
+                             {"Content-Type": "application/json"})
+                resp = conn.getresponse()  # the head comes with the first token
+                if resp.status != 200:
+                    return f"error_before_start: HTTP {resp.status}: {resp.read()[:400]}", None
+                first_at = time.monotonic()
+                streams_started.release()
+                data = b""
+                while True:
+                    piece = resp.read1(1 << 16)
+                    if not piece:
+                        break
+                    data += piece
+            except OSError as e:
+                return f"connection error: {e}", None
+            finally:
+                conn.close()
+            events = [line[6:] for line in data.decode().split("\n") if line.startswith("data: ")]
+            if not events or events[-1] != "[DONE]":
+                return f"stream without [DONE]: {events[-2:]}", first_at
+            payloads = [json.loads(e) for e in events[:-1]]
+            if "error" in payloads[-1]:
+                return f"error_after_start: {payloads[-1]['error']['message']}", first_at
+            if payloads[-1]["choices"][0]["finish_reason"] not in ("length", "stop"):
+                return "no_finish_reason", first_at
+            return "ok", first_at
+
+        with concurrent.futures.ThreadPoolExecutor(BEFORE + AFTER) as pool:
+            before = [pool.submit(raw_stream, i, 1500) for i in range(BEFORE)]
+            # Kill as soon as most long streams have their first token (a straggler must not
+            # let the others finish first): round_robin put half of them on the victim, which
+            # is then generating their tokens.
+            for _ in range(BEFORE - 2):
+                self.assertTrue(streams_started.acquire(timeout=BOUND_S), "streams did not start")
+            os.kill(victim_pid, signal.SIGKILL)
+            kill_time = time.monotonic()
+            after = [pool.submit(one, 100000 + i, 32) for i in range(AFTER)]
+            done, pending = concurrent.futures.wait(before + after, timeout=BOUND_S)
+            self.assertFalse(pending, f"{len(pending)} requests hang {BOUND_S} s after the kill")
+            before_outcomes = [f.result() for f in before]
+            after_outcomes = [f.result() for f in after]
+        print(f"all requests ended {time.monotonic() - kill_time:.1f} s after the kill",
+              file=sys.stderr)
+
+        errors_mid_stream = 0
+        for outcome, first_at in before_outcomes + after_outcomes:
+            if outcome.startswith("error_after_start"):
+                # Only a stream that was already running on the killed worker may fail (its
+                # first token may reach this client a moment after the kill).
+                self.assertLess(first_at, kill_time + 2.0, outcome)
+                errors_mid_stream += 1
+            else:
+                self.assertEqual(outcome, "ok")
+        for outcome, _ in after_outcomes:
+            self.assertEqual(outcome, "ok", "a request sent after the kill failed")
+        print(f"{errors_mid_stream} of {len(before_outcomes)} streams ended with an error "
+              f"event, {AFTER} requests sent after the kill succeeded", file=sys.stderr)
+        self.assertGreater(errors_mid_stream, 0,
+                           "no stream was on the killed worker: the scenario did not happen")
+        self.assertLess(errors_mid_stream, len(before_outcomes), "every stream failed")
+
+        # serve restarts the worker (same address) and the router takes it back.
+        deadline = time.monotonic() + 30
+        while True:
+            w = serve.workers()
+            restarted = w["decode-0"][1] != victim_pid
+            ready = serve.metric("cleave:pool_workers_ready", pool="decode")
+            if restarted and ready == 2:
+                break
+            if time.monotonic() > deadline:
+                self.fail(f"decode-0 not back: restarted={restarted}, decode ready={ready}\n"
+                          + "\n".join(serve.stdout_lines()))
+            time.sleep(0.2)
+        self.assertEqual(w["decode-0"][2], workers["decode-0"][2])
+        self.assertTrue(any(line.startswith(f"worker decode decode-0 pid {victim_pid} exited")
+                            for line in serve.stdout_lines()))
+        r = client.completions.create(model=model, prompt="", max_tokens=200, temperature=0)
+        self.assertEqual(r.choices[0].text, h.golden_text())
+
+
+if __name__ == "__main__":
+    h.harness_main()

@@ -1,0 +1,14 @@
+# End-to-end tests of `cleave serve` with the official `openai` Python package (tests/e2e/
+# serve_*_test.py, unittest): the API on stories260K in disaggregated mode, 200 concurrent
+# streams, and a decode worker killed under load. Skip (77) when ../shared is absent; fail when
+# the `openai` package is missing (scripts/install-deps.sh installs it).
+if(TARGET cleave)
+  foreach(name openai concurrency worker_failure)
+    set(tgt e2e_serve_${name})
+    add_test(NAME ${tgt}
+             COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/e2e/serve_${name}_test.py
+                     $<TARGET_FILE:cleave> ${PROJECT_SOURCE_DIR}/../shared/models)
+    set_tests_properties(${tgt} PROPERTIES LABELS e2e TIMEOUT 240 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "PYTHONUNBUFFERED=1;PYTHONDONTWRITEBYTECODE=1")
+  endforeach()
+endif()
