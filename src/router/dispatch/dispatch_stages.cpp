@@ -135,6 +135,13 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
           // A prefill that outlived our deadline may still be running there.
           if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) self->abort_on(prefill, id);
           self->release_on(decode, id);
+          if (s.error_code() == grpc::StatusCode::ABORTED) {
+            // The prefill's transfer to the decode worker failed: the decode worker is the one
+            // to avoid (and mark failed); this prefill worker stays eligible for the retry.
+            Status e = rpc_error(*prefill, "Prefill", s);
+            self->attempt_failed(decode, Status(StatusCode::kUnavailable, e.message()));
+            return;
+          }
           self->attempt_failed(prefill, rpc_error(*prefill, "Prefill", s));
           return;
         }

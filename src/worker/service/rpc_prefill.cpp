@@ -141,7 +141,8 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     core_.metrics.kv_handoffs_failed->inc();
     log::warn("worker {}: request {}: KV transfer to decode worker '{}' failed: {}", core_.id, id,
               decode_worker, why);
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+    // ABORTED, not UNAVAILABLE: this worker is fine, its destination is not (worker.proto).
+    return grpc::Status(grpc::StatusCode::ABORTED,
                         fmt::format("request {}: the KV transfer to decode worker '{}' failed: {}",
                                     id, decode_worker, why));
   };

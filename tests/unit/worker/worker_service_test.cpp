@@ -401,7 +401,7 @@ TEST_F(WorkerServiceTest, PrefillFailsFastWhenTheDestinationIsGone) {
   auto c = ctx();
   grpc::Status s = prefill.stub->Prefill(c.get(), preq, &presp);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::ABORTED) << s.error_message();
   EXPECT_NE(s.error_message().find("decode-test"), std::string::npos) << s.error_message();
   EXPECT_LT(took, 4.0);
   expect_pool_back(*prefill.stub, "prefill after a failed transfer");
