@@ -11,6 +11,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCLEAVE_SANITIZE=ON -DCLEAVE_FUZZ=ON -DCLEAVE_BUILD_BENCH=OFF -DCLEAVE_WITH_CUDA=OFF
 cmake --build build-asan -j "$jobs"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export LSAN_OPTIONS="suppressions=$(pwd)/scripts/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L unit --timeout 900
 if [ "$secs" -gt 0 ]; then
