@@ -81,9 +81,13 @@ TEST(WorkerSupervisorTest, StartsReportsAddressesRestartsOnTheSameAddressAndStop
             (std::vector<std::string>{"127.0.0.1:41002", "127.0.0.1:41003"}));
   EXPECT_TRUE((*sup)->addresses("unified").empty());
 
+  // wait_started() can return before the listening event has reached `events`: wait for it.
   pid_t victim = 0;
-  for (const auto& e : events.snapshot()) {
-    if (e.id == "decode-1" && e.kind == ChildEvent::Kind::kListening) victim = e.pid;
+  for (int i = 0; i < 500 && victim == 0; ++i) {
+    for (const auto& e : events.snapshot()) {
+      if (e.id == "decode-1" && e.kind == ChildEvent::Kind::kListening) victim = e.pid;
+    }
+    if (victim == 0) std::this_thread::sleep_for(milliseconds(10));
   }
   ASSERT_GT(victim, 0);
   ASSERT_EQ(::kill(victim, SIGKILL), 0);
