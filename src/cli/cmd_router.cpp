@@ -42,6 +42,9 @@ int run_router(SettingsFlags& flags) {
   }
   std::printf("cleave router listening on %s (model '%s')\n", (*app)->url().c_str(),
               (*app)->model_name().c_str());
+  if (const std::string grpc = (*app)->grpc_target(); !grpc.empty()) {
+    std::printf("gRPC API (cleave.v1.Inference) on %s\n", grpc.c_str());
+  }
   std::fflush(stdout);
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {

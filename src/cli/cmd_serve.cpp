@@ -144,6 +144,10 @@ void print_serving(const router::RouterApp& app, const Config& config, const std
       fmt::format("Try: curl {}v1/chat/completions -H 'Content-Type: application/json'{} "
                   "-d '{}'",
                   url, auth, body.dump()));
+  if (const std::string grpc = app.grpc_target(); !grpc.empty()) {
+    print_line(fmt::format("gRPC API (cleave.v1.Inference, proto/cleave/v1/inference.proto) on {}",
+                           grpc));
+  }
   print_line("Stop with Ctrl-C.");
 }
 

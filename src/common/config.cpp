@@ -313,6 +313,10 @@ void register_settings(Config& c, SettingsRegistry& r) {
                "Address the router's HTTP API listens on (IPv4 or IPv6 literal).", "--host");
   r.add_int("router.port", &c.router.port, "HTTP port of the router; 0 picks a free port.", 0,
             65535, "--port");
+  r.add_int("router.grpc_port", &c.router.grpc_port,
+            "Port of the router's gRPC API (cleave.v1.Inference, on router.host); 0 picks a free "
+            "port, -1 turns it off.",
+            -1, 65535, "--grpc-port");
   r.add_string("router.api_keys", &c.router.api_keys,
                "Comma-separated API keys accepted as `Authorization: Bearer KEY` on /v1/; empty "
                "= no authentication.",

@@ -136,7 +136,8 @@ Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {
       return AlreadyExists(fmt::format("request id {} holds a KV reservation", request.id));
     }
     in_flight_.insert(request.id);
-    incoming_.push_back(Submission{std::move(request), std::move(on_event)});
+    incoming_.push_back(
+        Submission{std::move(request), std::move(on_event), std::chrono::steady_clock::now()});
     idle_ = false;
     ++published_.requests_submitted;
   }
@@ -235,7 +236,7 @@ void EngineLoop::run() {
     reserves.clear();
     for (RequestId id : reservation_releases) release_reservation_now(id, false);
     reservation_releases.clear();
-    for (Submission& s : incoming) admit(std::move(s.request), std::move(s.on_event));
+    for (Submission& s : incoming) admit(std::move(s.request), std::move(s.on_event), s.submitted);
     incoming.clear();
     for (RequestId id : cancels) cancel_now(id);
     cancels.clear();
@@ -262,8 +263,10 @@ void EngineLoop::run() {
   }
 }
 
-void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb) {
+void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb,
+                       std::chrono::steady_clock::time_point submitted) {
   auto r = std::make_unique<RequestState>(req.id, std::move(req.params), std::move(cb), *tokenizer_);
+  r->submitted = submitted;
   r->prompt_tokens = static_cast<int64_t>(req.prompt.size());
   r->end_ids = r->params.stop_token_ids;
   if (!r->params.ignore_eos) {
@@ -293,6 +296,7 @@ void EngineLoop::cancel_now(RequestId id) {
 }
 
 void EngineLoop::step() {
+  const auto step_start = std::chrono::steady_clock::now();
   scheduler_.schedule(plan_);
   for (const FailedSequence& f : plan_.failed) {
     fail(f.id, ResourceExhausted(fmt::format(
@@ -348,7 +352,11 @@ void EngineLoop::step() {
       continue;
     }
     RequestState& r = *it->second;
-    if (r.cached_prompt_tokens < 0) r.cached_prompt_tokens = c.seq->num_cached_prompt_tokens;
+    if (r.cached_prompt_tokens < 0) {  // its first admission
+      r.cached_prompt_tokens = c.seq->num_cached_prompt_tokens;
+      r.queue_seconds =
+          std::max(0.0, std::chrono::duration<double>(step_start - r.submitted).count());
+    }
     if (r.export_failed) {
       if (samples) ++row;
       fail(r.id, Unavailable(fmt::format(
@@ -378,6 +386,10 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
                            before_min ? std::span<const int32_t>(r.end_ids)
                                       : std::span<const int32_t>());
   ev.token = ev.sample.token;
+  if (!r.queue_reported) {
+    r.queue_reported = true;
+    ev.queue_seconds = r.queue_seconds;
+  }
   r.generated = static_cast<int64_t>(generated.size()) + 1;
   ++local_stats_.tokens_generated;
 

@@ -117,6 +117,7 @@ void to_proto(const EngineEvent& ev, v1::TokenEvent* out) {
   out->set_has_token(ev.has_token);
   out->set_token(ev.has_token ? ev.token : 0);
   out->set_text(ev.text);
+  if (ev.queue_seconds >= 0) out->set_queue_seconds(ev.queue_seconds);
   out->set_logprob(ev.sample.logprob);
   out->clear_top_logprobs();
   for (const TokenLogprob& t : ev.sample.top) {

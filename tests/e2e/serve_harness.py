@@ -224,6 +224,7 @@ def wait_gone(pid, timeout):
 def serve(*extra, name="serve"):
     """`cleave serve` on stories260K, disaggregated, on a free port, small KV pools."""
     args = ["serve", "--model", model_path(), "--host", "127.0.0.1", "--port", "0",
+            "--grpc-port", "0",
             "--set", "router.health_interval_ms=200",
             "--set", "pools.prefill.kv_cache_bytes=33554432",
             "--set", "pools.decode.kv_cache_bytes=33554432"]
@@ -236,6 +237,7 @@ def router(serve_proc, *extra, name="router"):
     for _, (pool, _, address) in sorted(serve_proc.workers().items()):
         pools.setdefault(pool, []).append(address)
     args = ["router", "--model", model_path(), "--host", "127.0.0.1", "--port", "0",
+            "--grpc-port", "0",
             "--set", "router.health_interval_ms=200"]
     for pool, addresses in pools.items():
         args += ["--set", f"pools.{pool}.workers={','.join(addresses)}"]

@@ -134,6 +134,7 @@ struct WorkerSettings {
 struct RouterSettings {
   std::string host = "0.0.0.0";  // HTTP listen address
   int64_t port = 8000;           // HTTP port; 0 picks a free port
+  int64_t grpc_port = 8001;      // gRPC API port (same host); 0 picks a free port; -1: off
   std::string api_keys;          // comma-separated bearer tokens for /v1/; empty = no auth
   int64_t max_queue = 1024;      // requests admitted and unfinished; beyond: HTTP 429
   // Longest a request waits for its first token (queueing, prefill and KV transfer included).

@@ -19,6 +19,10 @@ namespace cleave::openai {
 // bytes.decode(errors="replace") does.
 void append_json_escaped(std::string& out, std::string_view text);
 
+// Appends `text` with each maximal invalid UTF-8 subsequence replaced by U+FFFD (the rule
+// above) and nothing escaped: valid UTF-8 for protobuf string fields.
+void append_utf8_replacing(std::string& out, std::string_view text);
+
 // `"` + append_json_escaped(text) + `"`.
 void append_json_string(std::string& out, std::string_view text);
 

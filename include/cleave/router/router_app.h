@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "cleave/common/status.h"
 #include "cleave/router/dispatch_options.h"
 #include "cleave/router/dispatcher.h"
+#include "cleave/router/grpc_server.h"
 #include "cleave/router/http_server.h"
 #include "cleave/router/router_frontend.h"
 
@@ -37,6 +39,10 @@ Result<DispatcherOptions> dispatcher_options_from_config(const Config& config);
 // The HTTP settings of `config`: router.host, port, io_threads, max_body_bytes, api_keys.
 Result<HttpServerOptions> http_server_options_from_config(const Config& config);
 
+// The gRPC API's settings of `config` (router.host, grpc_port, api_keys, max_body_bytes);
+// nullopt when router.grpc_port is -1.
+std::optional<GrpcServerOptions> grpc_server_options_from_config(const Config& config);
+
 // "http://HOST:PORT/" for a client on this machine: a wildcard host (0.0.0.0, ::, "") is shown
 // as 127.0.0.1, an IPv6 literal in brackets.
 std::string client_url(std::string_view host, int port);
@@ -46,7 +52,8 @@ class RouterApp {
   // Builds and starts the router: the model file (config.model.path, else the embedded default
   // model, generated once) gives the tokenizer, chat template and served name
   // (router.served_model_name wins); the dispatcher starts discovering and probing the
-  // workers; the HTTP server listens. Returns once listening: /health answers 503 until the
+  // workers; the HTTP server listens, and the gRPC API unless router.grpc_port is -1. Returns
+  // once listening: /health answers 503 until the
   // pools are ready (wait_ready()). Errors: the settings' (InvalidArgument), the model file's,
   // Unavailable when the port cannot be bound.
   static Result<std::unique_ptr<RouterApp>> start(const Config& config);
@@ -60,12 +67,15 @@ class RouterApp {
   bool wait_ready(std::chrono::milliseconds timeout, bool all_workers) const;
 
   int port() const;         // the bound HTTP port (the chosen one when router.port is 0)
+  int grpc_port() const;    // the bound gRPC port; -1 when the gRPC API is off
   std::string url() const;  // client_url(router.host, port())
+  // "HOST:PORT" of the gRPC API for a client on this machine (as url()); "" when it is off.
+  std::string grpc_target() const;
   const std::string& model_name() const;  // the name the API serves the model under
   Dispatcher& dispatcher() const;
 
-  // Stops the HTTP server (requests in flight are cancelled on their workers), then the
-  // dispatcher. Idempotent.
+  // Stops the HTTP and gRPC servers (requests in flight are cancelled on their workers), then
+  // the dispatcher. Idempotent.
   void stop();
 
  private:
@@ -75,6 +85,7 @@ class RouterApp {
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<RouterFrontend> frontend_;
   std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<GrpcServer> grpc_;
   int port_ = 0;
 };
 

@@ -103,6 +103,10 @@ class RouterFrontend {
   // The context length requests are checked against now.
   int64_t max_model_len() const;
   const std::string& model_name() const { return options_.served_model_names.front(); }
+  const std::vector<std::string>& served_model_names() const {
+    return options_.served_model_names;
+  }
+  int64_t created() const { return created_; }  // served since (Unix seconds)
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   Dispatcher& dispatcher() const { return dispatcher_; }
   RouterMetrics& metrics() const { return *metrics_; }

@@ -118,6 +118,9 @@ struct EngineEvent {
   // A kv_export request that ended after its first token because generation continues on the
   // decode worker (finish_reason is kLength then and means nothing).
   bool handoff = false;
+  // On the request's first event with a token: seconds from its submit() to the start of the
+  // first engine step that computed it (its wait in this engine's queue); -1 on other events.
+  double queue_seconds = -1;
 };
 using EngineEventCallback = std::function<void(const EngineEvent&)>;
 
@@ -207,7 +210,8 @@ class EngineLoop {
              std::unique_ptr<KvBlockPool> pool, const EngineLoopOptions& opts);
 
   void run();
-  void admit(EngineRequest&& req, EngineEventCallback&& cb);
+  void admit(EngineRequest&& req, EngineEventCallback&& cb,
+             std::chrono::steady_clock::time_point submitted);
   void cancel_now(RequestId id);
   void step();
   void sample_and_stream(RequestState& r, const Sequence& seq, std::span<float> logits);
@@ -271,6 +275,7 @@ class EngineLoop {
   struct Submission {
     EngineRequest request;
     EngineEventCallback on_event;
+    std::chrono::steady_clock::time_point submitted;
   };
   std::vector<Submission> incoming_;
   std::vector<RequestId> cancels_;

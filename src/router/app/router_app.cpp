@@ -95,6 +95,17 @@ Result<HttpServerOptions> http_server_options_from_config(const Config& config) 
   return o;
 }
 
+std::optional<GrpcServerOptions> grpc_server_options_from_config(const Config& config) {
+  const RouterSettings& r = config.router;
+  if (r.grpc_port < 0) return std::nullopt;
+  GrpcServerOptions o;
+  o.host = trim_blanks(r.host);
+  o.port = static_cast<int>(r.grpc_port);
+  o.api_keys = split_comma_list(r.api_keys);
+  o.max_message_bytes = static_cast<uint64_t>(r.max_body_bytes);
+  return o;
+}
+
 std::string client_url(std::string_view host, int port) {
   std::string h(host);
   if (h.empty() || h == "0.0.0.0")
@@ -139,8 +150,19 @@ Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
   }
   app->server_ = std::move(server).value();
   app->port_ = app->server_->port();
-  log::info("router: {} mode, model '{}' ({}), HTTP on {}:{}{}", dispatch_mode_name(dispatch.mode),
-            app->frontend_->model_name(), model_path, http.host, app->port_,
+  if (auto grpc_options = grpc_server_options_from_config(config)) {
+    auto grpc = GrpcServer::start(*grpc_options, *app->frontend_);
+    if (!grpc.ok()) {
+      app->server_->stop();
+      app->dispatcher_->shutdown();
+      return grpc.status();
+    }
+    app->grpc_ = std::move(grpc).value();
+  }
+  log::info("router: {} mode, model '{}' ({}), HTTP on {}:{}{}{}",
+            dispatch_mode_name(dispatch.mode), app->frontend_->model_name(), model_path,
+            http.host, app->port_,
+            app->grpc_ ? fmt::format(", gRPC on {}:{}", http.host, app->grpc_->port()) : "",
             http.api_keys.empty() ? "" : ", API keys required");
   return app;
 }
@@ -168,6 +190,10 @@ int RouterApp::port() const {
   return port_;
 }
 
+int RouterApp::grpc_port() const {
+  return grpc_ ? grpc_->port() : -1;
+}
+
 std::string RouterApp::url() const {
   return client_url(host_, port_);
 }
@@ -176,11 +202,18 @@ const std::string& RouterApp::model_name() const {
   return frontend_->model_name();
 }
 
+std::string RouterApp::grpc_target() const {
+  if (!grpc_) return {};
+  std::string url = client_url(host_, grpc_->port());  // "http://HOST:PORT/"
+  return url.substr(7, url.size() - 8);
+}
+
 Dispatcher& RouterApp::dispatcher() const {
   return *dispatcher_;
 }
 
 void RouterApp::stop() {
+  if (grpc_) grpc_->stop();
   if (server_) server_->stop();
   if (dispatcher_) dispatcher_->shutdown();
 }

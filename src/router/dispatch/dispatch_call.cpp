@@ -50,6 +50,13 @@ DispatchCore::DispatchCore(const DispatcherOptions& opts)
       f.ok()) {
     kv_handoff_tail_seconds = &f->get();
   }
+  if (auto f = r.histogram("cleave:kv_transfer_seconds",
+                           "Seconds from a prefill's first KV write to its KV in place at the "
+                           "decode worker (as the prefill worker reports it)",
+                           metrics::latency_buckets_seconds());
+      f.ok()) {
+    kv_transfer_seconds = &f->get();
+  }
   if (auto f = r.counter("cleave:router_dispatch_retries_total",
                          "Requests sent to another worker after a failure before their first token");
       f.ok()) {

@@ -61,6 +61,7 @@ struct DispatchCore {
   // Metrics (null without DispatcherOptions::metrics).
   metrics::Counter* kv_transfer_bytes = nullptr;
   metrics::Histogram* kv_handoff_tail_seconds = nullptr;
+  metrics::Histogram* kv_transfer_seconds = nullptr;
   metrics::Counter* retries = nullptr;
   metrics::Counter* worker_failures = nullptr;
 

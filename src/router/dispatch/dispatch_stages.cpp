@@ -152,6 +152,9 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
         if (self->core_->kv_handoff_tail_seconds && r.kv_bytes() > 0) {
           self->core_->kv_handoff_tail_seconds->observe(r.kv_tail_seconds());
         }
+        if (self->core_->kv_transfer_seconds && r.kv_bytes() > 0) {
+          self->core_->kv_transfer_seconds->observe(r.kv_transfer_seconds());
+        }
         const v1::TokenEvent& first = r.first();
         self->cached_prompt_tokens_ = first.usage().cached_prompt_tokens();
         const bool delivered = self->deliver(first);

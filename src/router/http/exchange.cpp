@@ -1,7 +1,6 @@
 // Dispatch fan-out of one HTTP request and the merge of its choices into one response.
 #include "exchange.h"
 
-#include <span>
 
 #include "cleave/common/log.h"
 #include "cleave/router/openai_response.h"
@@ -35,17 +34,24 @@ class Exchange::Observer final : public RequestObserver {
   int32_t index_;
 };
 
+namespace {
+PreparedRequest for_wire(PreparedRequest request, ExchangeWire wire) {
+  if (wire == ExchangeWire::kGrpc) request.stream = true;
+  return request;
+}
+}  // namespace
+
 Exchange::Exchange(PreparedRequest request, const Tokenizer& tokenizer, RouterMetrics& metrics,
-                   Clock::time_point arrival)
-    : request_(std::move(request)),
+                   Clock::time_point arrival, ExchangeWire wire)
+    : request_(for_wire(std::move(request), wire)),
       tokenizer_(tokenizer),
       metrics_(metrics),
       arrival_(arrival),
-      encoder_(request_.endpoint, request_.id, request_.created, request_.model,
-               static_cast<int32_t>(request_.dispatches.size()), request_.logprobs),
       choices_(request_.dispatches.size()),
       remaining_(static_cast<int32_t>(request_.dispatches.size())) {
-  if (request_.stream) pending_.reserve(4096);
+  if (request_.stream) {
+    stream_ = wire == ExchangeWire::kGrpc ? make_grpc_stream(request_) : make_sse_stream(request_);
+  }
 }
 
 Exchange::~Exchange() = default;
@@ -73,6 +79,10 @@ std::optional<openai::ApiError> Exchange::start(Dispatcher& dispatcher) {
   for (size_t i = 0; i < request_.dispatches.size(); ++i) {
     const auto index = static_cast<int32_t>(i);
     metrics_.requests_waiting->add(1);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      choices_[i].submitted = Clock::now();
+    }
     // The dispatch request is copied: request_ stays whole for the response (prompt counts).
     auto handle = dispatcher.submit(request_.dispatches[i], std::make_shared<Observer>(self, index));
     bool cancel_now = false;
@@ -86,7 +96,6 @@ std::optional<openai::ApiError> Exchange::start(Dispatcher& dispatcher) {
         }
         if (state_ == ExchangeState::kActive) fail_locked(openai::from_status(handle.status()));
       } else {
-        metrics_.queue_time->observe(seconds(Clock::now() - arrival_));
         if (state_ == ExchangeState::kActive) {
           handles_.push_back(*handle);
         } else {
@@ -132,6 +141,10 @@ void Exchange::on_event(int32_t index, const v1::TokenEvent& event) {
     c.phase = Phase::kRunning;
     metrics_.requests_waiting->add(-1);
     metrics_.requests_running->add(1);
+    // Queue time: the router's part (parsing, template, tokenization) and the wait in the
+    // worker engine's queue that the worker reports on the first token.
+    const double worker_queue = event.queue_seconds() > 0 ? event.queue_seconds() : 0.0;
+    metrics_.queue_time->observe(seconds(c.submitted - arrival_) + worker_queue);
   }
   if (event.has_token()) {
     if (!c.has_token) {
@@ -154,15 +167,12 @@ void Exchange::on_event(int32_t index, const v1::TokenEvent& event) {
     if (request_.echo && !c.echoed) {
       c.echoed = true;
       const auto& text = request_.prompt_texts[static_cast<size_t>(index / request_.n)];
-      if (!text.empty()) encoder_.append_chunk(pending_, index, text);
+      if (!text.empty()) stream_->chunk(index, text, -1, nullptr, std::nullopt);
     }
-    if (!event.text().empty() || finish || with_logprob) {
-      std::span<const openai::LogprobToken> lp;
-      if (with_logprob) {
-        fill_logprob(event, &scratch_logprob_);
-        lp = std::span<const openai::LogprobToken>(&scratch_logprob_, 1);
-      }
-      encoder_.append_chunk(pending_, index, event.text(), lp, finish);
+    if (event.has_token() || finish || !event.text().empty()) {
+      if (with_logprob) fill_logprob(event, &scratch_logprob_);
+      stream_->chunk(index, event.text(), event.has_token() ? event.token() : -1,
+                     with_logprob ? &scratch_logprob_ : nullptr, finish);
     }
   } else {
     if (request_.echo && !c.echoed) {
@@ -207,8 +217,7 @@ void Exchange::complete_locked() {
   }
   state_ = ExchangeState::kComplete;
   if (request_.stream) {
-    if (request_.include_usage) encoder_.append_usage(pending_, usage);
-    pending_ += openai::kSseDone;
+    stream_->complete(usage);
     return;
   }
   std::vector<openai::ChoiceOutput> out(choices_.size());
@@ -243,10 +252,10 @@ void Exchange::fail_locked(const openai::ApiError& error) {
   }
   error_ = error;
   if (request_.stream && opened_) {
-    openai::append_sse_error(pending_, error);
-    pending_ += openai::kSseDone;
+    stream_->fail(error);
     state_ = ExchangeState::kFailedAfterOpen;
   } else {
+    if (stream_) stream_->discard();
     pending_.clear();
     state_ = ExchangeState::kFailed;
   }
@@ -273,13 +282,20 @@ void Exchange::notify_locked() {
 
 void Exchange::take(ExchangeOutput& out) {
   out.bytes.clear();
+  out.has_message = false;
   std::lock_guard<std::mutex> lk(mu_);
   notify_pending_ = false;
-  out.bytes.swap(pending_);
+  if (stream_) {
+    stream_->take(out);
+  } else {
+    out.bytes.swap(pending_);
+  }
   out.open = open_pending_;
   open_pending_ = false;
   out.state = state_;
-  out.error = state_ == ExchangeState::kFailed ? error_ : std::nullopt;
+  out.error = state_ == ExchangeState::kFailed || state_ == ExchangeState::kFailedAfterOpen
+                  ? error_
+                  : std::nullopt;
   out.cancel_dispatches = cancel_needed_;
   cancel_needed_ = false;
 }

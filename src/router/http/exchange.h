@@ -1,11 +1,14 @@
-// One HTTP request in flight: its dispatches (one per choice) and the response they build.
+// One API request in flight (HTTP or gRPC): its dispatches (one per choice) and the response
+// they build.
 //
 // The dispatcher's callbacks (gRPC threads) call into the Exchange: under its mutex, with no
-// I/O, each event is appended to the response: streaming, as SSE chunks (StreamEncoder) into a
-// pending buffer; otherwise, into the choice's text and logprobs. Then the owner is woken
-// (`notify`, at most once until the next take()): the HTTP session posts to its strand and calls
-// take() there, which hands over the pending bytes by swapping buffers (no copy, no
-// allocation once both have grown). Nothing here touches a socket.
+// I/O, each event is appended to the response: streaming, through the exchange's
+// ExchangeStream (HTTP: SSE chunks into a pending buffer; gRPC: deltas into a pending
+// GenerateTextResponse); otherwise, into the choice's text and logprobs. Then the owner is woken
+// (`notify`, at most once until the next take()): the HTTP session posts to its strand, the gRPC
+// reactor writes when no write is in flight, and calls take(), which hands over the pending
+// output by swapping buffers (no copy, no allocation once both have grown). Nothing here
+// touches a socket.
 //
 // Life: start() submits the dispatches; the response ends when every choice has finished
 // (kComplete), when a dispatch fails (kFailed before the stream opened: the response is the
@@ -31,6 +34,7 @@
 #include "cleave/router/openai_error.h"
 #include "cleave/router/openai_stream.h"
 #include "cleave/router/router_frontend.h"
+#include "cleave/v1/inference.pb.h"
 
 namespace cleave::router {
 
@@ -46,22 +50,53 @@ enum class ExchangeState : uint8_t {
 
 // What take() hands over.
 struct ExchangeOutput {
-  // Streaming: SSE bytes to send after the previous ones. Non-streaming, kComplete: the JSON
-  // body of the response.
+  // HTTP streaming: SSE bytes to send after the previous ones. HTTP non-streaming, kComplete:
+  // the JSON body of the response.
   std::string bytes;
+  // gRPC: the deltas (and, at the end, the usage) to write next; `has_message` when there are.
+  v1::GenerateTextResponse message;
+  bool has_message = false;
   bool open = false;  // streaming: the stream opened; send the response head before `bytes`
   ExchangeState state = ExchangeState::kActive;
-  std::optional<openai::ApiError> error;  // kFailed
+  std::optional<openai::ApiError> error;  // kFailed and kFailedAfterOpen
   bool cancel_dispatches = false;         // dispatches still run after a failure: cancel()
 };
+
+// The wire a streaming exchange writes: SSE for the HTTP API, GenerateTextResponse messages for the
+// gRPC API (always streaming).
+enum class ExchangeWire : uint8_t { kHttp, kGrpc };
+
+// How a streaming exchange writes its output. Called under the exchange's mutex; no I/O.
+class ExchangeStream {
+ public:
+  virtual ~ExchangeStream() = default;
+  // One chunk of choice `index`: `text` (may be empty), the token it came with (-1: none, as for
+  // an echoed prompt), that token's logprob (null: none) and the finish on the choice's last
+  // chunk.
+  virtual void chunk(int32_t index, std::string_view text, int32_t token,
+                     const openai::LogprobToken* logprob, std::optional<FinishReason> finish) = 0;
+  // Every choice has finished: the end of the stream, with the request's usage.
+  virtual void complete(const openai::Usage& usage) = 0;
+  // The stream fails after it opened (what it delivered stays delivered).
+  virtual void fail(const openai::ApiError& error) = 0;
+  // Drops what was not taken yet (a failure before the stream opened answers with the error).
+  virtual void discard() = 0;
+  // Moves what was written since the last take into `out` (swapping buffers).
+  virtual void take(ExchangeOutput& out) = 0;
+};
+
+// The stream of each wire (exchange_sse.cpp, grpc/grpc_stream.cpp).
+std::unique_ptr<ExchangeStream> make_sse_stream(const PreparedRequest& request);
+std::unique_ptr<ExchangeStream> make_grpc_stream(const PreparedRequest& request);
 
 class Exchange : public std::enable_shared_from_this<Exchange> {
  public:
   using Clock = std::chrono::steady_clock;
 
   // `tokenizer` and `metrics` must outlive the exchange. `arrival`: when the request was read.
+  // kGrpc exchanges always stream (request.stream is taken as true).
   Exchange(PreparedRequest request, const Tokenizer& tokenizer, RouterMetrics& metrics,
-           Clock::time_point arrival);
+           Clock::time_point arrival, ExchangeWire wire = ExchangeWire::kHttp);
   ~Exchange();
 
   // Set before start(): called when take() has something new (see above).
@@ -90,6 +125,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
     bool has_token = false;
     bool echoed = false;
     Clock::time_point last_token{};
+    Clock::time_point submitted{};  // handed to the dispatcher
     std::string text;                                          // non-streaming
     std::optional<std::vector<openai::LogprobToken>> logprobs;  // non-streaming
     FinishReason finish = FinishReason::kLength;
@@ -117,8 +153,8 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   ExchangeState state_ = ExchangeState::kActive;
   std::function<void()> notify_;
   bool notify_pending_ = false;
-  openai::StreamEncoder encoder_;
-  std::string pending_;  // streaming: SSE bytes not yet taken
+  std::unique_ptr<ExchangeStream> stream_;  // streaming only
+  std::string pending_;  // non-streaming: the response body once complete
   bool opened_ = false;
   bool open_pending_ = false;
   std::optional<openai::ApiError> error_;

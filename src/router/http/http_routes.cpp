@@ -34,24 +34,6 @@ bool same_secret(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-std::optional<openai::ApiError> check_api_key(const HttpServerOptions& options,
-                                              std::string_view authorization) {
-  if (options.api_keys.empty()) return std::nullopt;
-  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
-  constexpr std::string_view kBearer = "bearer ";
-  if (authorization.size() <= kBearer.size() ||
-      !iequals(authorization.substr(0, kBearer.size()), kBearer)) {
-    return openai::invalid_api_key(/*missing=*/true);
-  }
-  std::string_view token = authorization.substr(kBearer.size());
-  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
-  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
-  bool ok = false;
-  for (const auto& key : options.api_keys) ok |= same_secret(token, key);
-  if (!ok) return openai::invalid_api_key(/*missing=*/false);
-  return std::nullopt;
-}
-
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -114,6 +96,24 @@ SimpleResponse method_not_allowed(std::string_view method, std::string_view path
 
 }  // namespace
 
+std::optional<openai::ApiError> check_api_key(const std::vector<std::string>& api_keys,
+                                              std::string_view authorization) {
+  if (api_keys.empty()) return std::nullopt;
+  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
+  constexpr std::string_view kBearer = "bearer ";
+  if (authorization.size() <= kBearer.size() ||
+      !iequals(authorization.substr(0, kBearer.size()), kBearer)) {
+    return openai::invalid_api_key(/*missing=*/true);
+  }
+  std::string_view token = authorization.substr(kBearer.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
+  bool ok = false;
+  for (const auto& key : api_keys) ok |= same_secret(token, key);
+  if (!ok) return openai::invalid_api_key(/*missing=*/false);
+  return std::nullopt;
+}
+
 SimpleResponse error_response(const openai::ApiError& error) {
   return json_response(error.http_status, error.to_json());
 }
@@ -125,7 +125,7 @@ RouteDecision route_request(const HttpServerOptions& options, const RouterFronte
   if (const size_t q = path.find('?'); q != std::string_view::npos) path = path.substr(0, q);
 
   if (path.starts_with("/v1/")) {
-    if (auto err = check_api_key(options, input.authorization)) {
+    if (auto err = check_api_key(options.api_keys, input.authorization)) {
       if (path == kCompletions) d.handler = kCompletions;
       if (path == kChatCompletions) d.handler = kChatCompletions;
       if (path == kModels || path.starts_with(kModelsPrefix)) d.handler = kModels;

@@ -36,8 +36,9 @@ Result<std::unique_ptr<RouterMetrics>> RouterMetrics::create(metrics::MetricsReg
   CLEAVE_ASSIGN_OR_RETURN(auto queue, registry.histogram(
                                           "cleave:request_queue_time_seconds",
                                           "Seconds from a request's arrival at the router until "
-                                          "the dispatcher accepted it (parsing, chat template, "
-                                          "tokenization, admission).",
+                                          "a worker's engine first computed it (the router's "
+                                          "parsing, chat template and tokenization, and the "
+                                          "wait in the worker engine's queue).",
                                           latency));
   CLEAVE_ASSIGN_OR_RETURN(auto prompt,
                           registry.counter("cleave:prompt_tokens_total",
@@ -54,6 +55,10 @@ Result<std::unique_ptr<RouterMetrics>> RouterMetrics::create(metrics::MetricsReg
                           registry.counter("cleave:http_requests_total",
                                            "HTTP responses by route and status code.",
                                            {"handler", "status"}));
+  CLEAVE_ASSIGN_OR_RETURN(auto grpc_calls,
+                          registry.counter("cleave:grpc_requests_total",
+                                           "gRPC API calls by method and status code.",
+                                           {"method", "code"}));
   CLEAVE_ASSIGN_OR_RETURN(auto kv, registry.gauge("cleave:kv_cache_usage_perc",
                                                   "Fraction of the KV blocks in use over the "
                                                   "pool's ready workers (0 to 1).",
@@ -75,6 +80,7 @@ Result<std::unique_ptr<RouterMetrics>> RouterMetrics::create(metrics::MetricsReg
   m->success_length = &success.with({"length"});
   m->success_abort = &success.with({"abort"});
   m->http_requests_ = std::make_unique<metrics::Family<metrics::Counter>>(std::move(http));
+  m->grpc_requests_ = std::make_unique<metrics::Family<metrics::Counter>>(std::move(grpc_calls));
   m->kv_usage_ = std::make_unique<metrics::Family<metrics::Gauge>>(std::move(kv));
   m->workers_ready_ = std::make_unique<metrics::Family<metrics::Gauge>>(std::move(ready));
   return m;
@@ -82,6 +88,10 @@ Result<std::unique_ptr<RouterMetrics>> RouterMetrics::create(metrics::MetricsReg
 
 void RouterMetrics::count_http(std::string_view handler, int status) {
   http_requests_->with({std::string(handler), std::to_string(status)}).inc();
+}
+
+void RouterMetrics::count_grpc(std::string_view method, std::string_view code) {
+  grpc_requests_->with({std::string(method), std::string(code)}).inc();
 }
 
 void RouterMetrics::refresh_pools(const std::vector<PoolSnapshot>& pools) {

@@ -4,11 +4,14 @@
 //   cleave:time_to_first_token_seconds      arrival at the router -> first token
 //   cleave:time_per_output_token_seconds    gap between consecutive tokens (inter-token latency)
 //   cleave:e2e_request_latency_seconds      arrival -> last token
-//   cleave:request_queue_time_seconds       arrival -> accepted by the dispatcher (parsing,
-//                                           chat template, tokenization, admission)
+//   cleave:request_queue_time_seconds       arrival -> first computed by a worker's engine: the
+//                                           router's part (parsing, chat template,
+//                                           tokenization) plus the wait in the worker engine's
+//                                           queue (TokenEvent.queue_seconds of the first token)
 //   cleave:prompt_tokens_total, cleave:generation_tokens_total
 //   cleave:request_success_total{finished_reason="stop|length|abort"}
 //   cleave:http_requests_total{handler,status}   every HTTP response by route and status
+//   cleave:grpc_requests_total{method,code}      every gRPC API call by method and status code
 //   cleave:kv_cache_usage_perc{pool}, cleave:pool_workers_ready{pool}   from Dispatcher::pools()
 // Children are looked up once here; updates are lock-free (metrics.h).
 #pragma once
@@ -28,6 +31,8 @@ struct RouterMetrics {
 
   // One HTTP response (handler: the route, or "other").
   void count_http(std::string_view handler, int status);
+  // One gRPC API call that ended (code: the status code's name, e.g. "OK", "INVALID_ARGUMENT").
+  void count_grpc(std::string_view method, std::string_view code);
   // Sets the per-pool gauges.
   void refresh_pools(const std::vector<PoolSnapshot>& pools);
 
@@ -46,6 +51,7 @@ struct RouterMetrics {
 
  private:
   std::unique_ptr<metrics::Family<metrics::Counter>> http_requests_;  // {handler, status}
+  std::unique_ptr<metrics::Family<metrics::Counter>> grpc_requests_;  // {method, code}
   std::unique_ptr<metrics::Family<metrics::Gauge>> kv_usage_;         // {pool}
   std::unique_ptr<metrics::Family<metrics::Gauge>> workers_ready_;     // {pool}
 };

@@ -52,6 +52,23 @@ bool needs_attention(unsigned char c) { return c < 0x20 || c == '"' || c == '\\'
 
 }  // namespace
 
+void append_utf8_replacing(std::string& out, std::string_view text) {
+  size_t i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    size_t run = i;
+    while (run < n && static_cast<unsigned char>(text[run]) < 0x80) ++run;
+    out.append(text.data() + i, run - i);
+    i = run;
+    if (i >= n) break;
+    size_t consumed = 0;
+    const size_t len = utf8_sequence(text, i, &consumed);
+    if (len) out.append(text.data() + i, len);
+    else out.append(kReplacement);
+    i += consumed;
+  }
+}
+
 void append_json_escaped(std::string& out, std::string_view text) {
   static constexpr char kHex[] = "0123456789abcdef";
   size_t i = 0;

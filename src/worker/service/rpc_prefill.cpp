@@ -209,6 +209,7 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   core_.metrics.kv_transfer_bytes->inc(static_cast<double>(kv->bytes()));
   core_.metrics.e2e_request_seconds->observe(seconds_since(start));
   out->set_kv_tail_seconds(kv->tail_seconds());
+  out->set_kv_transfer_seconds(kv->transfer_seconds());
   out->set_kv_bytes(kv->bytes());
   return grpc::Status::OK;
 }

@@ -100,6 +100,8 @@ TEST_P(DispatchPairTest, PrefillPlusDecodeGiveGeneratorsTokens) {
   expect_blocks_back(*decode.client, "decode");
   const std::string m = registry.render();
   EXPECT_NE(m.find("cleave:kv_handoff_tail_seconds_count 7"), std::string::npos) << m;
+  EXPECT_NE(m.find("cleave:kv_transfer_seconds_count 7"), std::string::npos) << m;
+  EXPECT_EQ(m.find("cleave:kv_transfer_seconds_sum 0\n"), std::string::npos) << m;
   EXPECT_EQ(m.find("cleave:kv_transfer_bytes_total 0\n"), std::string::npos) << m;
 }
 

@@ -70,6 +70,30 @@ TEST(JsonWriterTest, ReplacesInvalidUtf8LikePythonDecodeReplace) {
   EXPECT_EQ(round_trip("\x98\x80"), kFFFD + kFFFD);
 }
 
+TEST(JsonWriterTest, Utf8ReplacingRepairsWithoutEscaping) {
+  const auto repaired = [](std::string_view text) {
+    std::string out = "<";
+    append_utf8_replacing(out, text);
+    return out;
+  };
+  EXPECT_EQ(repaired("a\"b\\\n\xC3\xA9"), "<a\"b\\\n\xC3\xA9");  // valid: copied as is
+  EXPECT_EQ(repaired("a\x80z"), "<a" + kFFFD + "z");
+  EXPECT_EQ(repaired("\xE2\x82x"), "<" + kFFFD + "x");
+  EXPECT_EQ(repaired("\xC0\xAF"), "<" + kFFFD + kFFFD);
+  EXPECT_EQ(repaired("\xF0\x9F\x98"), "<" + kFFFD);
+  // The same replacements as the JSON escaping (which the HTTP API's text goes through).
+  std::mt19937 rng(3);
+  for (int iter = 0; iter < 500; ++iter) {
+    std::string bytes(static_cast<size_t>(rng() % 12), '\0');
+    for (auto& b : bytes) b = static_cast<char>(0x80 | (rng() % 0x80));
+    std::string plain;
+    append_utf8_replacing(plain, bytes);
+    std::string escaped;
+    append_json_escaped(escaped, bytes);
+    EXPECT_EQ(plain, escaped);
+  }
+}
+
 TEST(JsonWriterTest, RandomBytesAlwaysGiveValidJson) {
   std::mt19937 rng(7);
   for (int iter = 0; iter < 2000; ++iter) {

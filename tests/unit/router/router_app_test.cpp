@@ -114,6 +114,25 @@ TEST(RouterAppTest, HttpOptions) {
   EXPECT_EQ(o->host, "127.0.0.1");
 }
 
+TEST(RouterAppTest, GrpcOptions) {
+  Settings s;
+  auto on = grpc_server_options_from_config(s.config);
+  ASSERT_TRUE(on.has_value());
+  EXPECT_EQ(on->port, 8001);
+  EXPECT_EQ(on->host, "0.0.0.0");
+  ASSERT_TRUE(s.registry.set("router.api_keys", "k1", "flag").ok());
+  ASSERT_TRUE(s.registry.set("router.grpc_port", "0", "flag").ok());
+  ASSERT_TRUE(s.registry.set("router.max_body_bytes", "4096", "flag").ok());
+  on = grpc_server_options_from_config(s.config);
+  ASSERT_TRUE(on.has_value());
+  EXPECT_EQ(on->port, 0);
+  EXPECT_EQ(on->api_keys, (std::vector<std::string>{"k1"}));
+  EXPECT_EQ(on->max_message_bytes, 4096u);
+  ASSERT_TRUE(s.registry.set("router.grpc_port", "-1", "flag").ok());
+  EXPECT_FALSE(grpc_server_options_from_config(s.config).has_value());
+  EXPECT_FALSE(s.registry.set("router.grpc_port", "-2", "flag").ok());
+}
+
 TEST(RouterAppTest, ClientUrl) {
   EXPECT_EQ(client_url("0.0.0.0", 8000), "http://127.0.0.1:8000/");
   EXPECT_EQ(client_url("", 80), "http://127.0.0.1:80/");

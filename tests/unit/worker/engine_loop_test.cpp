@@ -190,6 +190,31 @@ TEST_P(EngineLoopTest, ShutdownEndsPendingRequestsWithAnError) {
   engine->shutdown();  // idempotent
 }
 
+TEST_P(EngineLoopTest, FirstTokenReportsTheWaitInTheEnginesQueue) {
+  // One running sequence at a time: the second request waits for the first to end.
+  EngineLoopOptions o = options(64, 256);
+  o.scheduler.max_num_seqs = 1;
+  auto engine = m_.engine(o);
+  ASSERT_TRUE(engine);
+  std::mt19937 rng(5);
+  const auto prompt = random_prompt(rng, *m_.tok, vocab(), 24);
+  EventSink sink;
+  ASSERT_TRUE(engine->submit(EngineRequest{1, prompt, greedy(120, true)}, sink.callback()).ok());
+  const auto second_submitted = std::chrono::steady_clock::now();
+  ASSERT_TRUE(engine->submit(EngineRequest{2, prompt, greedy(4, true)}, sink.callback()).ok());
+  ASSERT_TRUE(engine->wait_idle(std::chrono::seconds(60)));
+  const Stream first = sink.get(1);
+  const Stream second = sink.get(2);
+  ASSERT_TRUE(first.finished && second.finished);
+  EXPECT_GE(first.queue_seconds, 0.0);
+  EXPECT_EQ(first.events_with_queue_seconds, 1);
+  EXPECT_EQ(second.events_with_queue_seconds, 1);
+  // The second could not start before the first had finished.
+  const double waited = std::chrono::duration<double>(first.finished_at - second_submitted).count();
+  EXPECT_GE(second.queue_seconds, 0.9 * waited) << "waited " << waited;
+  expect_all_blocks_back(*engine);
+}
+
 TEST_P(EngineLoopTest, CreateRejectsBadOptions) {
   EngineLoopOptions o = options(0, 64);
   o.kv_cache_bytes = 16;

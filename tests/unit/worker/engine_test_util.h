@@ -4,6 +4,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include <chrono>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -99,6 +101,9 @@ struct Stream {
   int64_t cached_prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int32_t preemptions = 0;
+  double queue_seconds = -1;           // as the first token's event reported it
+  int events_with_queue_seconds = 0;   // events that carried queue_seconds >= 0
+  std::chrono::steady_clock::time_point finished_at{};
 };
 
 // Collects events of many requests (called on the engine thread).
@@ -111,11 +116,14 @@ class EventSink {
       EXPECT_FALSE(s.finished) << "event after the finished event of request " << ev.id;
       ++s.events;
       if (ev.has_token) {
+        if (s.tokens.empty()) s.queue_seconds = ev.queue_seconds;
         s.tokens.push_back(ev.token);
         s.logprobs.push_back(ev.sample);
       }
+      if (ev.queue_seconds >= 0) ++s.events_with_queue_seconds;
       s.text += ev.text;
       if (ev.finished) {
+        s.finished_at = std::chrono::steady_clock::now();
         s.finished = true;
         s.reason = ev.finish_reason;
         s.stop_string = ev.stop_string;
