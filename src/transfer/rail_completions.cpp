@@ -85,8 +85,12 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
   if (op->kind == OpContext::Kind::kNotice) free_send_slots_.push_back(op->slot);
   if (error) {
     if (is_connection_error(err)) peer->unreachable.store(true);
-    t->finish(Unavailable(fmt::format("{} to peer {:016x} failed on rail {} ({}): {}",
-                                      op->kind == OpContext::Kind::kWrite ? "RMA write" : "notice",
+    std::string what = op->kind == OpContext::Kind::kWrite
+                           ? fmt::format("RMA write of {} bytes to remote address {:#x} (key "
+                                         "{:#x})", op->work.len, op->work.remote_addr,
+                                         op->work.key)
+                           : fmt::format("notice {}", t->notify_tag.value_or(0));
+    t->finish(Unavailable(fmt::format("{} to peer {:016x} failed on rail {} ({}): {}", what,
                                       peer->engine_id, index_, provider_name(), error_text)),
               TransferErrorKind::kCompletionError);
   } else if (op->kind == OpContext::Kind::kWrite) {
