@@ -472,6 +472,46 @@ TEST_F(FabricRailTest, DeadPeerReopensTheEndpointAndAnotherPeersLiveWritesArePos
   EXPECT_EQ(b_notices, 1);
 }
 
+TEST_F(FabricRailTest, FailedReopenTakesTheRailOutOfServiceAndFailsItsWork) {
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  TransferSettings s;
+  s.completion_timeout_ms = 60000;
+  s.idle_poll_us = 0;
+  fabric_->outcome = [](const FakeOp&) { return Outcome::never(); };
+  fabric_->fail_open_after = 1;  // the replacement endpoint cannot be opened
+  auto rail = make_rail(s);
+  auto a = add_peer(*rail, "A", 0xa);
+  a->same_host = true;
+  a->pid = child;
+  auto b = add_peer(*rail, "B", 0xb);
+  Batch ba = make_batch(a, 1, 0);
+  Batch bb = make_batch(b, 2, 0);
+  auto ta = ba.state, tb = bb.state;
+  rail->enqueue(std::move(ba.work));
+  rail->enqueue(std::move(bb.work));
+  ASSERT_EQ(fabric_->accepted_count(), 3u);
+  rail->start();
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  const auto deadline = Clock::now() + 20s;
+  while (!(ta->is_done() && tb->is_done()) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(ta->is_done() && tb->is_done());
+  EXPECT_EQ(status_of(tb).code(), StatusCode::kUnavailable);
+  EXPECT_NE(status_of(tb).message().find("rail 0 is out of service"), std::string::npos)
+      << status_of(tb).message();
+  auto c = std::make_shared<PeerRecord>();
+  c->engine_id = 0xc;
+  EXPECT_EQ(rail->insert_peer(c, "C").code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(rail->stop());
+}
+
 TEST_F(FabricRailTest, ShmEndpointWithADeadPeerIsKeptOpenForTheProcess) {
   fabric_->provider = "shm";
   std::shared_ptr<PeerRecord> a;  // the engine's peer records outlive its rails
