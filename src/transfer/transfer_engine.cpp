@@ -16,7 +16,7 @@
 #include "cleave/common/log.h"
 #include "fmt/format.h"
 #include "transfer_codec.h"
-#include "transfer_internal.h"
+#include "fabric_rail.h"
 
 namespace cleave::transfer {
 
@@ -295,9 +295,10 @@ Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_
     replaced[i].store(0);
     int dom = i % static_cast<int>(domains.size());
     rail_domain.push_back(dom);
-    auto rail = std::make_shared<FabricRail>(i, fabric, domains[static_cast<size_t>(dom)],
-                                             domain_info[static_cast<size_t>(dom)], settings,
-                                             &metrics, dc, [this](const Notice& n) { on_notice(n); });
+    const auto d = static_cast<size_t>(dom);
+    auto rail = std::make_shared<FabricRail>(i, make_libfabric_port(domains[d], domain_info[d]),
+                                             settings, &metrics, dc,
+                                             [this](const Notice& n) { on_notice(n); });
     CLEAVE_RETURN_IF_ERROR(rail->open(engine_id, &Impl::take_key, this));
     rails->push_back(std::move(rail));
   }
@@ -363,8 +364,9 @@ void TransferEngine::Impl::replace_stuck_rail(size_t index, const std::shared_pt
   std::vector<RailWork> untouched = old->declare_stuck(why);
   metrics.add_error(TransferErrorKind::kTimeout);
   const size_t dom = static_cast<size_t>(rail_domain[index]);
-  auto rail = std::make_shared<FabricRail>(static_cast<int>(index), fabric, domains[dom],
-                                           domain_info[dom], settings, &metrics, dc,
+  auto rail = std::make_shared<FabricRail>(static_cast<int>(index),
+                                           make_libfabric_port(domains[dom], domain_info[dom]),
+                                           settings, &metrics, dc,
                                            [this](const Notice& n) { on_notice(n); });
   Status s = rail->open(engine_id, &Impl::take_key, this);
   if (!s.ok()) {

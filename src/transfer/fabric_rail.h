@@ -1,0 +1,222 @@
+// FabricRail: one endpoint of the transfer engine with its notice buffers and progress thread.
+// Internal header. The rail's code is split by concept:
+//   fabric_rail.cpp        life cycle: open, reopen, leak, peers, the progress thread, watchdog
+//                          hooks
+//   rail_posting.cpp       queueing, posting writes paced by the TX depth, sending notices
+//   rail_completions.cpp   completions, completion errors, timeouts, one progress pass
+// Every fabric call goes through a RailPort / RailEndpoint (rail_port.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "rail_port.h"
+#include "transfer_internal.h"
+
+namespace cleave::transfer {
+
+// The bytes of a notice on the wire.
+struct NoticeWire {
+  uint64_t magic;
+  uint64_t from_engine;
+  uint64_t tag;
+};
+inline constexpr uint64_t kNoticeMagic = 0x31454349544f4e43ull;  // "CNOTICE1"
+
+// Memory that posted operations point at: the notice buffers with their registrations and every
+// operation context. It lives as long as any endpoint that may still use it, which is the whole
+// process once an endpoint was left open on purpose.
+struct RailStorage {
+  static constexpr int kNoticeBytes = 64;
+  static constexpr int kRecvSlots = 64;
+  static constexpr int kSendSlots = 128;
+  std::vector<char> recv_buf, send_buf;
+  std::unique_ptr<RailMemory> recv_mr, send_mr;
+  std::vector<std::unique_ptr<OpContext>> recv_ops;  // one per receive slot, reused
+  std::vector<std::unique_ptr<OpContext>> op_store;  // every write/notice context ever made
+
+  char* recv_slot(int slot) { return recv_buf.data() + static_cast<size_t>(slot) * kNoticeBytes; }
+  char* send_slot(int slot) { return send_buf.data() + static_cast<size_t>(slot) * kNoticeBytes; }
+};
+
+// One endpoint with its CQ, AV, notice buffers and progress thread.
+//
+// Locking: every piece of endpoint state (the endpoint, the queues, in-flight operations, the
+// peer addresses) is guarded by `progress_mu_`. Whoever holds it makes progress: the rail's own
+// thread, a submitter posting its slices inline, or a thread waiting for a transfer. Nobody
+// sleeps while holding it (the progress thread sleeps in RailEndpoint::wait or on a condition
+// variable without it), and nobody blocks on it without a time limit: a thread can get stuck
+// inside the provider while holding it (libfabric 1.17's shm spins forever on the region lock
+// of a peer that was killed while holding it). The engine's watchdog sees that through
+// busy_for() and replaces the rail (declare_stuck() fails its transfers; the rail object is
+// then leaked).
+//
+// Pacing: at most the TX depth (the provider's, capped by transfer.max_inflight_per_rail, less
+// 8 entries kept for notices when above 16) writes are in flight, and one peer holds at most
+// three quarters of them. A post refused with -FI_EAGAIN is retried after progress; a peer
+// whose posts stay refused, or whose operations see no completion, for completion_timeout_ms
+// fails its transfers and is marked unreachable. A batch's notice is posted only after every
+// one of its writes completed.
+class FabricRail {
+ public:
+  // `port` is this rail's view of its domain (make_libfabric_port, or a fake in tests);
+  // `metrics` must outlive the rail; `on_notice` runs on whichever thread makes progress.
+  FabricRail(int index, std::unique_ptr<RailPort> port, const TransferSettings& settings,
+             MetricsCounters* metrics, bool delivery_complete,
+             std::function<void(const Notice&)> on_notice);
+  // Stops the thread and closes the endpoint, or keeps it (and everything it may point at)
+  // open for the rest of the process when closing it is unsafe (shm with a dead peer).
+  ~FabricRail();
+  FabricRail(const FabricRail&) = delete;
+  FabricRail& operator=(const FabricRail&) = delete;
+
+  // Registers the notice buffers (keys from next_key(key_ctx)) and opens the endpoint.
+  Status open(uint64_t engine_id, uint64_t (*next_key)(void*), void* key_ctx);
+  void start();
+  // Stops the progress thread; false when it did not stop within 2 s (stuck inside the
+  // provider): the thread is then detached and the caller must leak this rail.
+  bool stop();
+
+  // This rail's current endpoint name (it changes when the rail is reopened).
+  std::string name() const;
+  // Inserts `peer` under endpoint name `name` into this rail's AV; a no-op when it is there
+  // under that name already (re-inserts after a reopen of this rail, or when the peer's
+  // endpoint was renamed by its own reopen). Unavailable when the rail is stuck.
+  Status insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name);
+  // Queues work and posts what it can right away when the progress lock is free (thread-safe,
+  // never blocks on a rail whose progress is stuck inside the provider). Work given to a rail
+  // already declared stuck fails at once.
+  void enqueue(std::vector<RailWork>&& work);
+  // One progress pass if the progress lock is free; returns the events handled (0 if busy).
+  int try_progress();
+  uint64_t max_msg_size() const { return max_msg_size_; }
+  int index() const { return index_; }
+  const char* provider_name() const { return provider_name_; }
+  uint64_t reopens() const { return reopens_.load(std::memory_order_relaxed); }
+
+  // How long the progress lock has been held by one holder without a break (zero when free).
+  Clock::duration busy_for(Clock::time_point now) const;
+  // Watchdog only: the rail is stuck inside the provider. Fails with `why` every unfinished
+  // transfer with work that reached the lock holder's state, marks the peer being posted to
+  // (if known) unreachable, makes later enqueue() calls fail, asks the thread to exit if it
+  // ever comes back, and returns the work still queued untouched (for the replacement rail).
+  std::vector<RailWork> declare_stuck(const std::string& why);
+  bool is_stuck() const { return stuck_.load(); }
+  // The peer the lock holder is posting to right now (nullptr when none), for diagnostics.
+  std::shared_ptr<PeerRecord> posting_to() const;
+
+ private:
+  // progress_mu_ held, stamped for busy_for(); used by every path that calls into the fabric.
+  class Held;
+  struct PeerSlot {
+    std::weak_ptr<PeerRecord> peer;
+    std::string name;
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  };
+
+  // fabric_rail.cpp
+  Status open_endpoint();
+  void close_endpoint();
+  void leak_endpoint();
+  void reopen();
+  void run();
+  void wake();
+  void track(const std::vector<RailWork>& work);
+  bool has_work() const;
+  fi_addr_t addr_of(PeerRecord* peer) const;
+  // rail_posting.cpp
+  int post(RailWork& w, fi_addr_t dest);
+  void post_ready();
+  void post_deferred_notices();
+  void send_notice_now(const std::shared_ptr<TransferState>& t);
+  Status post_recv(int slot);
+  OpContext* new_op();
+  void free_op(OpContext* op);
+  void set_posting_to(const std::shared_ptr<PeerRecord>& peer);
+  // rail_completions.cpp
+  int progress_once();  // holds progress_mu_
+  int read_completions();
+  void handle_completion(OpContext* op, bool error, const std::string& error_text, int err);
+  void check_timeouts();
+  void abandon(OpContext* op, Status why, TransferErrorKind kind);
+  void finish_write(OpContext* op);
+
+  int index_;
+  std::unique_ptr<RailPort> port_;
+  const char* provider_name_;
+  uint64_t max_msg_size_;
+  TransferSettings settings_;
+  MetricsCounters* metrics_;
+  bool delivery_complete_;
+  // shm: closing an endpoint whose AV holds a dead peer may spin on that peer's lock or
+  // corrupt a live peer's view of us, so replaced endpoints are leaked instead of closed.
+  bool leak_on_reopen_ = false;
+  std::function<void(const Notice&)> on_notice_;
+  uint64_t engine_id_ = 0;
+
+  mutable std::timed_mutex progress_mu_;
+  std::atomic<int64_t> held_since_ns_{0};  // steady clock of the current holder's start; 0: free
+  std::unique_ptr<RailEndpoint> ep_;        // null while out of service
+  uint64_t remote_writes_seen_ = 0;
+  bool cq_waitable_ = false;
+  mutable std::mutex name_mu_;  // guards name_ (readable while the rail is stuck)
+  std::string name_;
+  size_t depth_ = 0;
+
+  std::unique_ptr<RailStorage> storage_ = std::make_unique<RailStorage>();
+  std::vector<int> free_send_slots_;
+  std::vector<OpContext*> free_ops_;
+  std::vector<std::unique_ptr<RailEndpoint>> leaked_;  // replaced, left open on purpose
+
+  std::mutex sleep_mu_;  // the progress thread's nap when the CQ has no wait object
+  std::condition_variable sleep_cv_;
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> exited_{false};
+  std::atomic<bool> stuck_{false};
+  std::mutex incoming_mu_;  // guards incoming_: work queued while the progress lock was busy
+  std::deque<RailWork> incoming_;
+  std::atomic<uint64_t> reopens_{0};
+  std::thread thread_;
+  // Transfers with work in the lock holder's state, for declare_stuck() (which cannot take
+  // progress_mu_). Lock order: incoming_mu_, then tracked_mu_.
+  std::mutex tracked_mu_;
+  std::vector<std::weak_ptr<TransferState>> tracked_;
+  mutable std::mutex posting_mu_;
+  std::shared_ptr<PeerRecord> posting_to_;  // set around each write / send post
+
+  std::deque<RailWork> ready_;
+  std::deque<std::shared_ptr<TransferState>> deferred_notices_;
+  std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
+  std::unordered_set<OpContext*> inflight_;
+  std::vector<OpContext*> abandoned_;  // timed out, never completed by the provider
+  std::unordered_map<PeerRecord*, Clock::time_point> last_completion_;
+  size_t writes_inflight_ = 0;
+  Clock::time_point last_timeout_check_ = Clock::now();
+  Clock::time_point last_activity_ = Clock::now();  // last posted or completed operation
+  std::unordered_map<PeerRecord*, Clock::time_point> eagain_since_;
+  std::unordered_map<PeerRecord*, size_t> peer_inflight_;  // posted writes per peer
+  std::unordered_map<PeerRecord*, PeerSlot> peers_;  // inserted into this rail's AV
+  bool reopen_wanted_ = false;  // set on a timeout; only the rail thread reopens
+  std::atomic<uint64_t> work_epoch_{0};  // bumped by enqueue(), read before the thread sleeps
+  bool wake_pending_ = false;            // guarded by sleep_mu_
+};
+
+// Stamps the progress lock's holder for busy_for(); constructed right after taking the lock.
+class FabricRail::Held {
+ public:
+  explicit Held(FabricRail* rail) : rail_(rail) {
+    rail_->held_since_ns_.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count(),
+        std::memory_order_relaxed);
+  }
+  ~Held() { rail_->held_since_ns_.store(0, std::memory_order_relaxed); }
+  Held(const Held&) = delete;
+  Held& operator=(const Held&) = delete;
+
+ private:
+  FabricRail* rail_;
+};
+
+}  // namespace cleave::transfer

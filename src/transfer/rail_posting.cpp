@@ -1,0 +1,247 @@
+// FabricRail's posting side: queueing work, posting write slices paced by the TX depth and
+// per-peer caps (-FI_EAGAIN answered by progress), and sending notices once their batch is
+// done.
+#include <cstring>
+
+#include "cleave/common/log.h"
+#include "fabric_rail.h"
+#include "fmt/format.h"
+
+namespace cleave::transfer {
+
+void FabricRail::enqueue(std::vector<RailWork>&& work) {
+  {
+    std::lock_guard<std::mutex> tlock(tracked_mu_);
+    if (stuck_.load()) {
+      for (auto& w : work) {
+        w.transfer->finish(Unavailable(fmt::format("rail {} ({}) is stuck inside the provider "
+                                                   "and was replaced; submit again", index_,
+                                                   provider_name())),
+                           TransferErrorKind::kPostError);
+      }
+      return;
+    }
+  }
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
+  if (lock.owns_lock()) {
+    Held held(this);
+    {
+      std::lock_guard<std::mutex> tlock(tracked_mu_);
+      track(work);
+    }
+    for (auto& w : work) ready_.push_back(std::move(w));
+    post_ready();
+    lock.unlock();
+  } else {
+    std::lock_guard<std::mutex> ilock(incoming_mu_);
+    for (auto& w : work) incoming_.push_back(std::move(w));
+  }
+  work_epoch_.fetch_add(1);
+  if (sleeping_.load()) wake();
+}
+
+OpContext* FabricRail::new_op() {
+  if (free_ops_.empty()) {
+    storage_->op_store.push_back(std::make_unique<OpContext>());
+    return storage_->op_store.back().get();
+  }
+  OpContext* op = free_ops_.back();
+  free_ops_.pop_back();
+  return op;
+}
+
+void FabricRail::free_op(OpContext* op) {
+  op->work.transfer.reset();
+  op->abandoned = false;
+  op->slot = -1;
+  free_ops_.push_back(op);
+}
+
+int FabricRail::post(RailWork& w, fi_addr_t dest) {
+  if (!ep_) return -FI_ENODEV;
+  if (dest == FI_ADDR_NOTAVAIL) return -FI_EADDRNOTAVAIL;
+  OpContext* op = new_op();
+  op->kind = OpContext::Kind::kWrite;
+  uint64_t flags = FI_COMPLETION | (delivery_complete_ ? FI_DELIVERY_COMPLETE : 0);
+  set_posting_to(w.transfer->peer);
+  ssize_t rc = ep_->write(w.local, w.len, w.local_desc, dest, w.remote_addr, w.key, flags,
+                          &op->ctx);
+  set_posting_to(nullptr);
+  if (rc != 0) {
+    free_op(op);
+    return static_cast<int>(rc);
+  }
+  op->work = std::move(w);
+  op->posted = Clock::now();
+  last_activity_ = op->posted;
+  inflight_.insert(op);
+  ++writes_inflight_;
+  ++peer_inflight_[op->work.transfer->peer.get()];
+  return 0;
+}
+
+void FabricRail::post_ready() {
+  // Each peer may hold at most three quarters of the TX depth, so that a peer that stops
+  // answering cannot take every credit before it is declared dead. Items of a capped (or
+  // -FI_EAGAIN) peer are skipped, keeping each peer's own order.
+  const size_t peer_cap = std::max<size_t>(1, depth_ * 3 / 4);
+  PeerRecord* blocked_one = nullptr;  // the common case: one peer, no set needed
+  std::unordered_set<PeerRecord*> blocked;
+  // A peer on this host is checked for life once per pass before anything is posted to it:
+  // posting to a dead shm peer can spin forever on a lock it died holding.
+  PeerRecord* checked_one = nullptr;
+  std::unordered_set<PeerRecord*> checked;
+  size_t posted_since_check = 0;
+  size_t skipped = 0;
+  for (auto it = ready_.begin(); it != ready_.end() && writes_inflight_ < depth_;) {
+    RailWork& w = *it;
+    TransferState* t = w.transfer.get();
+    if (t->is_done()) {  // failed earlier: drop the rest of its slices
+      it = ready_.erase(it);
+      continue;
+    }
+    PeerRecord* peer = t->peer.get();
+    if (peer->same_host && (posted_since_check >= 64 ||
+                            (peer != checked_one && !checked.count(peer)))) {
+      posted_since_check = 0;
+      if (!checked_one) checked_one = peer;
+      else checked.insert(peer);
+      if (!peer->alive()) peer->unreachable.store(true);
+    }
+    if (peer->unreachable.load(std::memory_order_relaxed)) {
+      t->finish(Unavailable(fmt::format("peer {:016x} is unreachable (an earlier transfer to it "
+                                        "failed, or its process (pid {}) has exited); reconnect "
+                                        "before sending again", peer->engine_id, peer->pid)),
+                TransferErrorKind::kPeerUnavailable);
+      eagain_since_.erase(peer);
+      it = ready_.erase(it);
+      continue;
+    }
+    if (w.kind == RailWork::Kind::kNotice) {
+      deferred_notices_.push_back(std::move(w.transfer));
+      it = ready_.erase(it);
+      continue;
+    }
+    if (peer == blocked_one || (!blocked.empty() && blocked.count(peer))) {
+      ++it;
+      if (++skipped > 256) break;
+      continue;
+    }
+    int rc = peer_inflight_[peer] >= peer_cap
+                 ? -FI_EAGAIN
+                 : post(w, addr_of(peer));
+    ++posted_since_check;
+    if (rc == -FI_EAGAIN) {  // progress (completions) frees credits; others may go on
+      if (peer_inflight_[peer] < peer_cap) eagain_since_.try_emplace(peer, Clock::now());
+      if (!blocked_one) blocked_one = peer;
+      else blocked.insert(peer);
+      if (blocked.size() > 16) break;
+      ++it;
+      continue;
+    }
+    if (!eagain_since_.empty()) eagain_since_.erase(peer);
+    if (rc != 0) {
+      t->finish(Internal(fabric_error(fmt::format("rail {}: fi_writemsg of {} bytes", index_, w.len),
+                                      rc)),
+                TransferErrorKind::kPostError);
+    }
+    it = ready_.erase(it);
+  }
+}
+
+void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
+  if (free_send_slots_.empty() || !ep_) {
+    if (!ep_) {
+      t->finish(Unavailable(fmt::format("rail {} is out of service", index_)),
+                TransferErrorKind::kPostError);
+      return;
+    }
+    pending_notices_.push_back(t);
+    return;
+  }
+  if (t->peer->unreachable.load() || !t->peer->alive()) {
+    t->peer->unreachable.store(true);
+    t->finish(Unavailable(fmt::format("notice {} not sent: peer {:016x} is unreachable (pid {})",
+                                      *t->notify_tag, t->peer->engine_id, t->peer->pid)),
+              TransferErrorKind::kPeerUnavailable);
+    return;
+  }
+  int slot = free_send_slots_.back();
+  char* buf = storage_->send_slot(slot);
+  NoticeWire wire{kNoticeMagic, engine_id_, *t->notify_tag};
+  std::memcpy(buf, &wire, sizeof(wire));
+  OpContext* op = new_op();
+  op->kind = OpContext::Kind::kNotice;
+  op->slot = slot;
+  set_posting_to(t->peer);
+  ssize_t rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), addr_of(t->peer.get()),
+                         &op->ctx);
+  set_posting_to(nullptr);
+  if (rc == -FI_EAGAIN) {
+    free_op(op);
+    pending_notices_.push_back(t);
+    return;
+  }
+  if (rc != 0) {
+    free_op(op);
+    t->finish(Internal(fabric_error(fmt::format("rail {}: fi_send of a notice", index_),
+                                    static_cast<int>(rc))),
+              TransferErrorKind::kPostError);
+    return;
+  }
+  op->work.transfer = t;
+  free_send_slots_.pop_back();
+  op->posted = Clock::now();
+  inflight_.insert(op);
+}
+
+void FabricRail::post_deferred_notices() {
+  size_t n = pending_notices_.size();
+  for (size_t i = 0; i < n; ++i) {
+    auto t = pending_notices_.front();
+    pending_notices_.pop_front();
+    if (!t->is_done()) send_notice_now(t);
+  }
+  for (auto it = deferred_notices_.begin(); it != deferred_notices_.end();) {
+    const auto& t = *it;
+    bool blocked = false;
+    Status failed;
+    for (const auto& p : t->predecessors) {
+      if (!p->is_done()) { blocked = true; break; }
+      std::lock_guard<std::mutex> lock(p->mu);
+      if (!p->status.ok()) { failed = p->status; break; }
+    }
+    if (blocked) { ++it; continue; }
+    if (!failed.ok()) {
+      t->finish(Aborted(fmt::format("notice {} not sent: an earlier transfer to peer {:016x} "
+                                    "failed: {}", *t->notify_tag, t->peer->engine_id,
+                                    failed.message())),
+                TransferErrorKind::kCompletionError);
+    } else if (!t->is_done()) {
+      t->predecessors.clear();
+      send_notice_now(t);
+    }
+    it = deferred_notices_.erase(it);
+  }
+}
+
+Status FabricRail::post_recv(int slot) {
+  OpContext* op = storage_->recv_ops[static_cast<size_t>(slot)].get();
+  void* buf = storage_->recv_slot(slot);
+  for (;;) {
+    ssize_t rc = ep_->recv(buf, RailStorage::kNoticeBytes, storage_->recv_mr->desc(), &op->ctx);
+    if (rc == 0) return Status::Ok();
+    if (rc != -FI_EAGAIN) {
+      return Internal(fabric_error(fmt::format("rail {}: fi_recv", index_), static_cast<int>(rc)));
+    }
+    fi_cq_data_entry dummy;
+    (void)ep_->read(&dummy, 0);
+  }
+}
+
+void FabricRail::set_posting_to(const std::shared_ptr<PeerRecord>& peer) {
+  std::lock_guard<std::mutex> plock(posting_mu_);
+  posting_to_ = peer;
+}
+
+}  // namespace cleave::transfer
