@@ -1,0 +1,184 @@
+#include "router_bench_child.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <fstream>
+
+#include "fmt/format.h"
+
+namespace cleave::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("killed by signal {}", WTERMSIG(status));
+  return "stopped";
+}
+
+}  // namespace
+
+std::unique_ptr<ChildProcess> ChildProcess::start(const std::string& name,
+                                                  const std::vector<std::string>& argv,
+                                                  Clock::time_point deadline, std::string* error) {
+  std::unique_ptr<ChildProcess> c(new ChildProcess());
+  c->name_ = name;
+  std::string log_template = "/tmp/router-bench-XXXXXX.log";
+  const int log_fd = ::mkstemps(log_template.data(), 4);
+  if (log_fd < 0) {
+    *error = fmt::format("{}: cannot create a log file: {}", name, std::strerror(errno));
+    return nullptr;
+  }
+  c->log_path_ = log_template;
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(log_fd);
+    *error = fmt::format("{}: pipe: {}", name, std::strerror(errno));
+    return nullptr;
+  }
+  // Everything the child needs is prepared here: after fork it may only make system calls.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // the bench died before prctl
+    const int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd < 0 || ::dup2(null_fd, 0) < 0 || ::dup2(out[1], 1) < 0 || ::dup2(log_fd, 2) < 0) {
+      ::_exit(127);
+    }
+    ::execv(args[0], args.data());
+    const char msg[] = "router_bench: exec failed\n";
+    (void)!::write(2, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(log_fd);
+  if (pid < 0) {
+    ::close(out[0]);
+    *error = fmt::format("{}: fork: {}", name, std::strerror(errno));
+    return nullptr;
+  }
+  c->pid_ = pid;
+  c->stdout_fd_ = out[0];
+
+  static const std::string kMarker = " listening on ";
+  std::string buf;
+  std::string why;
+  for (;;) {
+    const size_t nl = buf.find('\n');
+    if (nl != std::string::npos) {
+      const std::string line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      const size_t m = line.find(kMarker);
+      if (m != std::string::npos) {
+        c->listening_on_ = line.substr(m + kMarker.size());
+        break;
+      }
+      continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      why = "did not print its listening line before the deadline";
+      break;
+    }
+    pollfd p{c->stdout_fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (r < 0 && errno != EINTR) {
+      why = fmt::format("poll: {}", std::strerror(errno));
+      break;
+    }
+    if (r <= 0) continue;
+    char chunk[4096];
+    const ssize_t n = ::read(c->stdout_fd_, chunk, sizeof(chunk));
+    if (n <= 0) {
+      int status = 0;
+      if (::waitpid(pid, &status, 0) == pid) {
+        c->reaped_ = true;
+        c->exit_status_ = status;
+      }
+      why = c->reaped_ ? describe_status(status) + " before listening" : "closed its stdout";
+      break;
+    }
+    buf.append(chunk, static_cast<size_t>(n));
+  }
+  if (c->listening_on_.empty()) {
+    c->stop();
+    *error = fmt::format("{} ({}) {}\n--- its stderr:\n{}", name, argv.front(), why, c->stderr_tail());
+    return nullptr;
+  }
+  // Keeps reading so that the child never blocks on a full pipe; ends at its exit.
+  c->drain_ = std::thread([fd = c->stdout_fd_] {
+    char chunk[4096];
+    while (::read(fd, chunk, sizeof(chunk)) > 0) {
+    }
+  });
+  return c;
+}
+
+bool ChildProcess::running() {
+  if (reaped_ || pid_ <= 0) return false;
+  int status = 0;
+  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+    reaped_ = true;
+    exit_status_ = status;
+    return false;
+  }
+  return true;
+}
+
+std::string ChildProcess::stderr_tail(int lines) const {
+  std::ifstream in(log_path_);
+  std::deque<std::string> tail;
+  for (std::string line; std::getline(in, line);) {
+    tail.push_back(line);
+    if (static_cast<int>(tail.size()) > lines) tail.pop_front();
+  }
+  if (tail.empty()) return "(empty)";
+  std::string out;
+  for (const auto& l : tail) out += l + "\n";
+  if (reaped_) out += fmt::format("({} {})\n", name_, describe_status(exit_status_));
+  return out;
+}
+
+void ChildProcess::stop() {
+  if (pid_ > 0 && !reaped_) {
+    ::kill(pid_, SIGTERM);
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    int status = 0;
+    for (;;) {
+      const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+      if (r == pid_ || (r < 0 && errno != EINTR)) break;
+      if (Clock::now() >= until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        break;
+      }
+      ::usleep(10 * 1000);
+    }
+    reaped_ = true;
+    exit_status_ = status;
+  }
+}
+
+ChildProcess::~ChildProcess() {
+  stop();
+  if (drain_.joinable()) drain_.join();
+  if (stdout_fd_ >= 0) ::close(stdout_fd_);
+  if (!log_path_.empty()) ::unlink(log_path_.c_str());
+}
+
+}  // namespace cleave::bench
