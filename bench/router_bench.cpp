@@ -66,7 +66,7 @@ struct Options {
   int64_t max_tokens = 4;
   int64_t prompt_tokens = 8;
   int64_t streams = 5000;
-  int64_t stream_tokens = 64;
+  int64_t stream_tokens = 128;
   int64_t workers = 1;
   int64_t worker_threads = 1;
   int64_t kv_cache_bytes = 1ll << 30;
@@ -183,6 +183,50 @@ std::string load_average() {
   return fmt::format("{:.2f} {:.2f} {:.2f}", avg[0], avg[1], avg[2]);
 }
 
+// CPU seconds (user + system) from /proc/PID/stat, or of its threads named `thread` (all
+// threads when empty); -1 when unreadable.
+double cpu_seconds(pid_t pid, const std::string& thread = "") {
+  auto read_stat = [](const fs::path& stat) -> double {
+    std::FILE* f = std::fopen(stat.c_str(), "r");
+    if (f == nullptr) return -1;
+    char buf[1024] = {};
+    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    const std::string text(buf, n);
+    const size_t close = text.rfind(')');
+    if (close == std::string::npos) return -1;
+    // Fields after the command: state is field 3; utime and stime are fields 14 and 15.
+    std::vector<std::string> fields;
+    size_t pos = close + 2;
+    while (pos < text.size() && fields.size() < 13) {
+      const size_t sp = text.find(' ', pos);
+      fields.push_back(text.substr(pos, sp - pos));
+      if (sp == std::string::npos) break;
+      pos = sp + 1;
+    }
+    if (fields.size() < 13) return -1;
+    return (std::atof(fields[11].c_str()) + std::atof(fields[12].c_str())) /
+           static_cast<double>(sysconf(_SC_CLK_TCK));
+  };
+  const fs::path proc = fs::path("/proc") / std::to_string(pid);
+  if (thread.empty()) return read_stat(proc / "stat");
+  double total = -1;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator(proc / "task", ec)) {
+    std::FILE* f = std::fopen((task.path() / "comm").c_str(), "r");
+    if (f == nullptr) continue;
+    char name[64] = {};
+    const bool got = std::fgets(name, sizeof(name), f) != nullptr;
+    std::fclose(f);
+    std::string comm = got ? name : "";
+    if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    if (comm != thread) continue;
+    const double t = read_stat(task.path() / "stat");
+    if (t >= 0) total = std::max(total, 0.0) + t;
+  }
+  return total;
+}
+
 // The prompt of request i: BOS (1), then ids that differ from one request to the next.
 std::vector<int32_t> prompt_of(int64_t i, int64_t length, int64_t vocab) {
   std::vector<int32_t> p;
@@ -217,6 +261,7 @@ struct TtftFigures {
 };
 
 struct Run {
+  Run(const Options& options, Clock::time_point until) : o(options), deadline(until) {}
   const Options& o;
   Clock::time_point deadline;
   std::vector<std::unique_ptr<ChildProcess>> workers;
@@ -227,6 +272,9 @@ struct Run {
   int64_t kv_blocks = 0;  // per worker
   std::optional<TtftFigures> ttft;
   std::optional<cleave::bench::StreamLoadResult> streams;
+  // CPU seconds spent during the stream load: the router process, its HTTP I/O thread, the
+  // workers together.
+  double router_cpu_s = -1, router_io_cpu_s = -1, workers_cpu_s = -1;
   std::string load_before_ttft, load_before_streams, load_after;
   std::string failure;
 
@@ -432,7 +480,17 @@ struct Run {
     lo.expected_tokens = o.stream_tokens;
     lo.max_connecting = o.max_connecting;
     lo.deadline = deadline;
+    auto workers_cpu = [&] {
+      double t = 0;
+      for (const auto& w : workers) t += std::max(cpu_seconds(w->pid()), 0.0);
+      return t;
+    };
+    const double router0 = cpu_seconds(router->pid()), io0 = cpu_seconds(router->pid(), "http-io-0");
+    const double workers0 = workers_cpu();
     streams = cleave::bench::run_stream_load(lo);
+    router_cpu_s = cpu_seconds(router->pid()) - router0;
+    router_io_cpu_s = cpu_seconds(router->pid(), "http-io-0") - io0;
+    workers_cpu_s = workers_cpu() - workers0;
     const auto& s = *streams;
     if (!router->running()) {
       return fail(fmt::format("the router exited during the stream load\n--- router stderr:\n{}",
@@ -483,6 +541,8 @@ void report(const Run& run) {
     fmt::print("  wall {:.3f} s, {} chunks, {:.0f} chunks/s  (aim 5,000 streams: {})\n", s.wall_seconds,
                s.chunks, s.wall_seconds > 0 ? static_cast<double>(s.chunks) / s.wall_seconds : 0.0,
                s.completed >= 5000 && s.peak_open >= 5000 ? "met" : "NOT met");
+    fmt::print("  CPU during the load: router {:.2f} s (its HTTP I/O thread {:.2f} s), workers {:.2f} s, "
+               "over {:.2f} s\n", run.router_cpu_s, run.router_io_cpu_s, run.workers_cpu_s, s.wall_seconds);
     if (!s.first_error.empty()) fmt::print("  first error: {}\n", s.first_error);
   }
   fmt::print("load after: {}\n", run.load_after);
@@ -517,14 +577,16 @@ bool write_json(const Run& run) {
         "\"http_errors\": {}, \"http_statuses\": {}, \"error_events\": {}, \"wrong_tokens\": {}, "
         "\"connect_errors\": {}, \"io_errors\": {}, \"timeouts\": {}, \"peak_open\": {}, "
         "\"peak_connected\": {}, \"all_sent_before_first_done\": {}, \"connect_seconds\": {:.4f}, \"all_open_seconds\": {:.4f}, "
-        "\"wall_seconds\": {:.4f}, \"chunks\": {}, \"chunks_per_second\": {:.1f}, \"first_error\": {}}}",
+        "\"wall_seconds\": {:.4f}, \"chunks\": {}, \"chunks_per_second\": {:.1f}, "
+        "\"router_cpu_seconds\": {:.3f}, \"router_io_thread_cpu_seconds\": {:.3f}, "
+        "\"workers_cpu_seconds\": {:.3f}, \"first_error\": {}}}",
         o.streams, o.stream_tokens, s.started, s.completed, s.http_errors,
         cleave::bench::json_string(s.status_counts), s.error_events, s.wrong_tokens,
         s.connect_errors, s.io_errors, s.timeouts, s.peak_open, s.peak_connected,
         s.all_sent_before_first_done ? "true" : "false", s.connect_seconds, s.all_open_seconds,
         s.wall_seconds, s.chunks,
-        s.wall_seconds > 0 ? static_cast<double>(s.chunks) / s.wall_seconds : 0.0,
-        cleave::bench::json_string(s.first_error));
+        s.wall_seconds > 0 ? static_cast<double>(s.chunks) / s.wall_seconds : 0.0, run.router_cpu_s,
+        run.router_io_cpu_s, run.workers_cpu_s, cleave::bench::json_string(s.first_error));
   }
   j += "}\n";
   std::FILE* out = std::fopen(o.json.c_str(), "w");
@@ -557,7 +619,7 @@ int main(int argc, char** argv) {
                nofile, o.streams);
     return 1;
   }
-  Run run{o, Clock::now() + std::chrono::seconds(o.deadline_s), {}, {}, 0, 0, 0, 0, {}, {}, {}, {}, {}, {}};
+  Run run(o, Clock::now() + std::chrono::seconds(o.deadline_s));
   if (run.start_workers()) {
     run.load_before_ttft = load_average();
     const bool ttft_ok = o.skip_ttft || run.measure_ttft();
