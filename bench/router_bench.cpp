@@ -19,13 +19,15 @@
 //              connection to a router whose pool is worker 0 only: from the request's first
 //              byte to the first SSE data chunk with a choice.
 //    p50/p90/p99/mean of both and router - direct at p50 and p99 (aim: p99 within 1 ms).
-// 2. Concurrent streams. C streaming completions (T tokens each, ignore_eos), one TCP
-//    connection per stream, opened from one thread with Boost.Asio (at most Q connects
-//    pending at once), every chunk read to [DONE], against a router over all K workers with
+// 2. Concurrent streams. C streaming completions (default 5,000; T tokens each, default 128,
+//    ignore_eos), one TCP connection per stream, all connected from one thread with
+//    Boost.Asio (at most Q connects pending at once) before the requests go out together,
+//    every chunk read to [DONE], against a router over all K workers with
 //    router.max_queue above C; the workers are sized to run every stream at once
 //    (engine.max_num_seqs = ceil(C / K) + 8, a token budget to match, B bytes of KV each).
 //    Reports completed streams (200, [DONE], usage.completion_tokens == T), every kind of
-//    error, the peak of streams open at once, wall time and chunks/s (aim: 5,000 streams).
+//    error, the peak of streams open at once, wall time, chunks/s, and the CPU seconds of the
+//    router, its HTTP I/O thread and the workers meanwhile (aim: 5,000 streams).
 //
 // Everything ends by the global deadline (S seconds, default 120): what is measured by then is
 // reported and the exit status is 1. Children get SIGKILL through PR_SET_PDEATHSIG if this

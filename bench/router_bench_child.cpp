@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <fstream>
 
 #include "fmt/format.h"
 
@@ -40,7 +39,9 @@ std::unique_ptr<ChildProcess> ChildProcess::start(const std::string& name,
     *error = fmt::format("{}: cannot create a log file: {}", name, std::strerror(errno));
     return nullptr;
   }
-  c->log_path_ = log_template;
+  // Unlinked at once: no file stays behind whatever way the bench ends; read through log_fd_.
+  ::unlink(log_template.c_str());
+  c->log_fd_ = ::fcntl(log_fd, F_DUPFD_CLOEXEC, 3);
   int out[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
     ::close(log_fd);
@@ -141,10 +142,21 @@ bool ChildProcess::running() {
 }
 
 std::string ChildProcess::stderr_tail(int lines) const {
-  std::ifstream in(log_path_);
+  std::string text;
+  if (log_fd_ >= 0) {
+    char buf[65536];
+    const off_t size = ::lseek(log_fd_, 0, SEEK_END);
+    const off_t from = std::max<off_t>(0, size - static_cast<off_t>(sizeof(buf)));
+    const ssize_t n = ::pread(log_fd_, buf, sizeof(buf), from);
+    if (n > 0) text.assign(buf, static_cast<size_t>(n));
+  }
   std::deque<std::string> tail;
-  for (std::string line; std::getline(in, line);) {
-    tail.push_back(line);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    tail.push_back(text.substr(pos, nl - pos));
+    pos = nl + 1;
     if (static_cast<int>(tail.size()) > lines) tail.pop_front();
   }
   if (tail.empty()) return "(empty)";
@@ -178,7 +190,7 @@ ChildProcess::~ChildProcess() {
   stop();
   if (drain_.joinable()) drain_.join();
   if (stdout_fd_ >= 0) ::close(stdout_fd_);
-  if (!log_path_.empty()) ::unlink(log_path_.c_str());
+  if (log_fd_ >= 0) ::close(log_fd_);
 }
 
 }  // namespace cleave::bench

@@ -1,6 +1,7 @@
 // router_bench's child processes: a `cleave worker` or `cleave router` started with fork+exec,
 // PR_SET_PDEATHSIG(SIGKILL) so that it dies with the bench, stdout read for its "listening on"
-// line (and drained after it), stderr in a temporary log file whose tail explains a failure.
+// line (and drained after it), stderr in an unlinked temporary file whose tail explains a
+// failure.
 // The destructor stops it: SIGTERM, SIGKILL after 10 s, waitpid.
 #pragma once
 
@@ -42,7 +43,7 @@ class ChildProcess {
   bool reaped_ = false;
   int exit_status_ = 0;
   int stdout_fd_ = -1;
-  std::string log_path_;
+  int log_fd_ = -1;  // its stderr (a temporary file, already unlinked)
   std::string listening_on_;
   std::thread drain_;
 };
