@@ -59,6 +59,7 @@ namespace {
 namespace fs = std::filesystem;
 using cleave::bench::Clock;
 using cleave::bench::ChildProcess;
+using cleave::bench::cpu_seconds;
 
 struct Options {
   std::string cleave;
@@ -183,50 +184,6 @@ std::string load_average() {
   double avg[3] = {0, 0, 0};
   if (getloadavg(avg, 3) != 3) return "unknown";
   return fmt::format("{:.2f} {:.2f} {:.2f}", avg[0], avg[1], avg[2]);
-}
-
-// CPU seconds (user + system) from /proc/PID/stat, or of its threads named `thread` (all
-// threads when empty); -1 when unreadable.
-double cpu_seconds(pid_t pid, const std::string& thread = "") {
-  auto read_stat = [](const fs::path& stat) -> double {
-    std::FILE* f = std::fopen(stat.c_str(), "r");
-    if (f == nullptr) return -1;
-    char buf[1024] = {};
-    const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-    std::fclose(f);
-    const std::string text(buf, n);
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos) return -1;
-    // Fields after the command: state is field 3; utime and stime are fields 14 and 15.
-    std::vector<std::string> fields;
-    size_t pos = close + 2;
-    while (pos < text.size() && fields.size() < 13) {
-      const size_t sp = text.find(' ', pos);
-      fields.push_back(text.substr(pos, sp - pos));
-      if (sp == std::string::npos) break;
-      pos = sp + 1;
-    }
-    if (fields.size() < 13) return -1;
-    return (std::atof(fields[11].c_str()) + std::atof(fields[12].c_str())) /
-           static_cast<double>(sysconf(_SC_CLK_TCK));
-  };
-  const fs::path proc = fs::path("/proc") / std::to_string(pid);
-  if (thread.empty()) return read_stat(proc / "stat");
-  double total = -1;
-  std::error_code ec;
-  for (const auto& task : fs::directory_iterator(proc / "task", ec)) {
-    std::FILE* f = std::fopen((task.path() / "comm").c_str(), "r");
-    if (f == nullptr) continue;
-    char name[64] = {};
-    const bool got = std::fgets(name, sizeof(name), f) != nullptr;
-    std::fclose(f);
-    std::string comm = got ? name : "";
-    if (!comm.empty() && comm.back() == '\n') comm.pop_back();
-    if (comm != thread) continue;
-    const double t = read_stat(task.path() / "stat");
-    if (t >= 0) total = std::max(total, 0.0) + t;
-  }
-  return total;
 }
 
 // The prompt of request i: BOS (1), then ids that differ from one request to the next.

@@ -48,4 +48,8 @@ class ChildProcess {
   std::thread drain_;
 };
 
+// CPU seconds (user + system) of process `pid` from /proc, or of its threads named `thread`
+// (the whole process when empty); -1 when unreadable.
+double cpu_seconds(pid_t pid, const std::string& thread = "");
+
 }  // namespace cleave::bench
