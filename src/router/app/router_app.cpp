@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "cleave/common/log.h"
+#include "cleave/common/rlimit.h"
 #include "cleave/model/default_model.h"
 #include "cleave/worker/worker_service.h"
 #include "fmt/format.h"
@@ -118,6 +119,7 @@ std::string client_url(std::string_view host, int port) {
 }
 
 Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
+  (void)raise_open_files_limit();
   CLEAVE_ASSIGN_OR_RETURN(DispatcherOptions dispatch, dispatcher_options_from_config(config));
   CLEAVE_ASSIGN_OR_RETURN(HttpServerOptions http, http_server_options_from_config(config));
   std::string model_path = config.model.path;
