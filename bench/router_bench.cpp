@@ -18,7 +18,9 @@
 //      router  POST /v1/completions "stream": true with the same token ids on one keep-alive
 //              connection to a router whose pool is worker 0 only: from the request's first
 //              byte to the first SSE data chunk with a choice.
-//    p50/p90/p99/mean of both and router - direct at p50 and p99 (aim: p99 within 1 ms).
+//      grpc    the router's gRPC API, Inference.Generate with the same token ids on one
+//              persistent channel: from the call to the first message with a token.
+//    p50/p90/p99/mean of each and router - direct at p50 and p99 (aim: p99 within 1 ms).
 // 2. Concurrent streams. C streaming completions (default 5,000; T tokens each, default 128,
 //    ignore_eos), one TCP connection per stream, all connected from one thread with
 //    Boost.Asio (at most Q connects pending at once) before the requests go out together,
@@ -48,6 +50,7 @@
 
 #include "bench_json.h"
 #include "cleave/engine/sampler.h"
+#include "cleave/v1/inference.grpc.pb.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "cleave/worker/proto_convert.h"
 #include "fmt/format.h"
@@ -211,7 +214,7 @@ std::string ms(double seconds) {
 }
 
 struct TtftFigures {
-  Summary direct, router;
+  Summary direct, router, grpc;
   int64_t errors = 0;
   int64_t empty_first_text = 0;  // direct first events without text (the router sends no chunk)
   int64_t http_connects = 0;
@@ -299,15 +302,17 @@ struct Run {
     return true;
   }
 
-  // `cleave router --mode unified` over `addresses`; its port once /health answers 200.
-  std::unique_ptr<ChildProcess> start_router(const std::vector<std::string>& addresses, int* port) {
+  // `cleave router --mode unified` over `addresses`; its HTTP port (and the gRPC API's) once
+  // /health answers 200.
+  std::unique_ptr<ChildProcess> start_router(const std::vector<std::string>& addresses, int* port,
+                                             int* grpc_port = nullptr) {
     std::string list;
     for (const auto& a : addresses) {
       if (!list.empty()) list += ',';
       list += a;
     }
     std::vector<std::string> argv = {o.cleave, "router", "--mode", "unified", "--host",
-                                     "127.0.0.1", "--port", "0"};
+                                     "127.0.0.1", "--port", "0", "--grpc-port", "0"};
     for (const auto& a : model_args()) argv.push_back(a);
     for (const std::string& s :
          {"pools.unified.workers=" + list, std::string("router.io_threads=1"),
@@ -322,13 +327,22 @@ struct Run {
       fail(error);
       return nullptr;
     }
-    // "http://127.0.0.1:PORT/ (model '...')"
+    // "http://127.0.0.1:PORT/ (model '...', gRPC API on 127.0.0.1:PORT)"
     const std::string url = child->listening_on();
     const size_t colon = url.find(':', url.find("//") + 2);
     *port = colon == std::string::npos ? 0 : std::atoi(url.c_str() + colon + 1);
     if (*port <= 0) {
       fail("cannot read the router's port from '" + url + "'");
       return nullptr;
+    }
+    if (grpc_port != nullptr) {
+      const size_t at = url.find("gRPC API on ");
+      const size_t c = at == std::string::npos ? at : url.find(':', at);
+      *grpc_port = c == std::string::npos ? 0 : std::atoi(url.c_str() + c + 1);
+      if (*grpc_port <= 0) {
+        fail("cannot read the router's gRPC port from '" + url + "'");
+        return nullptr;
+      }
     }
     cleave::bench::BlockingHttpClient http(*port);
     std::string last = "no answer";
@@ -345,9 +359,12 @@ struct Run {
   }
 
   bool measure_ttft() {
-    int port = 0;
-    auto router = start_router({worker_addresses.front()}, &port);
+    int port = 0, grpc_port = 0;
+    auto router = start_router({worker_addresses.front()}, &port, &grpc_port);
     if (!router) return false;
+    auto router_channel = grpc::CreateChannel(fmt::format("127.0.0.1:{}", grpc_port),
+                                              grpc::InsecureChannelCredentials());
+    auto inference = cleave::v1::Inference::NewStub(router_channel);
     auto channel = grpc::CreateChannel(worker_addresses.front(), grpc::InsecureChannelCredentials());
     if (!channel->WaitForConnected(wall_clock(std::min(deadline, Clock::now() + std::chrono::seconds(10))))) {
       return fail("the gRPC channel to worker 0 did not connect");
@@ -361,7 +378,7 @@ struct Run {
     cleave::to_proto(sp, &params);
 
     TtftFigures f;
-    std::vector<double> direct, routed;
+    std::vector<double> direct, routed, routed_grpc;
     cleave::bench::BlockingHttpClient http(port);
     auto note = [&](std::string why) {
       ++f.errors;
@@ -406,25 +423,64 @@ struct Run {
       }
       return r.first_chunk_seconds;
     };
+    auto run_grpc = [&](int64_t i) -> double {
+      const auto prompt = prompt_of(i, o.prompt_tokens, vocab);
+      cleave::v1::GenerateTextRequest req;
+      auto* ids = req.add_prompts()->mutable_token_ids();
+      ids->mutable_ids()->Assign(prompt.begin(), prompt.end());
+      req.set_max_tokens(static_cast<int32_t>(o.max_tokens));
+      req.set_temperature(0);
+      req.set_ignore_eos(true);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(wall_clock(std::min(deadline, Clock::now() + std::chrono::seconds(10))));
+      const auto t0 = Clock::now();
+      auto reader = inference->Generate(&ctx, req);
+      cleave::v1::GenerateTextResponse msg;
+      double first = -1;
+      int64_t tokens = 0;
+      while (reader->Read(&msg)) {
+        for (const auto& d : msg.choices()) {
+          if (d.token_ids_size() > 0 && first < 0) {
+            first = std::chrono::duration<double>(Clock::now() - t0).count();
+          }
+          tokens += d.token_ids_size();
+        }
+      }
+      const grpc::Status s = reader->Finish();
+      if (!s.ok() || tokens != o.max_tokens || first < 0) {
+        note(fmt::format("router gRPC request {}: {} ({} tokens)", i,
+                         s.ok() ? "OK" : s.error_message(), tokens));
+        return -1;
+      }
+      return first;
+    };
     const int64_t total = o.warmup + o.requests;
     for (int64_t i = 0; i < total && Clock::now() < deadline; ++i) {
-      const bool direct_first = i % 2 == 0;
-      const double a = direct_first ? run_direct(i) : run_router(i);
-      const double b = direct_first ? run_router(i) : run_direct(i);
+      // The three paths in a rotating order, so that none always goes first.
+      double t[3] = {-1, -1, -1};  // direct, router HTTP, router gRPC
+      for (int k = 0; k < 3; ++k) {
+        const int path = static_cast<int>((i + k) % 3);
+        t[path] = path == 0 ? run_direct(i) : path == 1 ? run_router(i) : run_grpc(i);
+      }
       if (i < o.warmup) continue;
-      const double d = direct_first ? a : b;
-      const double r = direct_first ? b : a;
-      if (d >= 0) direct.push_back(d);
-      if (r >= 0) routed.push_back(r);
+      if (t[0] >= 0) direct.push_back(t[0]);
+      if (t[1] >= 0) routed.push_back(t[1]);
+      if (t[2] >= 0) routed_grpc.push_back(t[2]);
     }
     f.complete = static_cast<int64_t>(direct.size()) == o.requests &&
-                 static_cast<int64_t>(routed.size()) == o.requests;
+                 static_cast<int64_t>(routed.size()) == o.requests &&
+                 static_cast<int64_t>(routed_grpc.size()) == o.requests;
     f.direct = summarize(direct);
     f.router = summarize(routed);
+    f.grpc = summarize(routed_grpc);
     f.http_connects = http.connects();
     ttft = f;
-    if (!f.complete) return fail(fmt::format("TTFT: {} direct and {} router requests of {} measured ({} errors; first: {})",
-                                             direct.size(), routed.size(), o.requests, f.errors, f.first_error));
+    if (!f.complete) {
+      return fail(fmt::format("TTFT: {} direct, {} router HTTP and {} router gRPC requests of {} "
+                              "measured ({} errors; first: {})",
+                              direct.size(), routed.size(), routed_grpc.size(), o.requests,
+                              f.errors, f.first_error));
+    }
     return true;
   }
 
@@ -474,12 +530,15 @@ void report(const Run& run) {
     fmt::print("TTFT ({} requests each way after {} warm-up, {} prompt tokens, max_tokens {}; load {})\n",
                o.requests, o.warmup, o.prompt_tokens, o.max_tokens, run.load_before_ttft);
     fmt::print("  {:8} {:>11} {:>11} {:>11} {:>11}  n\n", "", "p50", "p90", "p99", "mean");
-    for (const auto& [name, s] : {std::pair{"direct", &f.direct}, std::pair{"router", &f.router}}) {
+    for (const auto& [name, s] : {std::pair{"direct", &f.direct}, std::pair{"router", &f.router},
+                                  std::pair{"grpc", &f.grpc}}) {
       fmt::print("  {:8} {} {} {} {}  {}\n", name, ms(s->p50), ms(s->p90), ms(s->p99), ms(s->mean), s->n);
     }
     const double d50 = f.router.p50 - f.direct.p50, d99 = f.router.p99 - f.direct.p99;
     fmt::print("  router - direct: p50 {}, p99 {}  (aim p99 <= 1 ms: {})\n", ms(d50), ms(d99),
                d99 <= 1e-3 ? "met" : "NOT met");
+    fmt::print("  router gRPC - direct: p50 {}, p99 {}\n", ms(f.grpc.p50 - f.direct.p50),
+               ms(f.grpc.p99 - f.direct.p99));
     fmt::print("  errors {}, HTTP connections opened {}, direct first tokens without text {}\n",
                f.errors, f.http_connects, f.empty_first_text);
   }
@@ -522,11 +581,13 @@ bool write_json(const Run& run) {
     const TtftFigures& f = *run.ttft;
     j += fmt::format(
         ", \"ttft\": {{\"requests\": {}, \"warmup\": {}, \"prompt_tokens\": {}, \"max_tokens\": {}, "
-        "\"direct\": {}, \"router\": {}, \"diff_p50_ms\": {:.4f}, \"diff_p99_ms\": {:.4f}, "
+        "\"direct\": {}, \"router\": {}, \"router_grpc\": {}, \"diff_p50_ms\": {:.4f}, "
+        "\"diff_p99_ms\": {:.4f}, \"grpc_diff_p50_ms\": {:.4f}, \"grpc_diff_p99_ms\": {:.4f}, "
         "\"aim_met\": {}, \"errors\": {}}}",
         o.requests, o.warmup, o.prompt_tokens, o.max_tokens, summary_json(f.direct),
-        summary_json(f.router), (f.router.p50 - f.direct.p50) * 1e3,
-        (f.router.p99 - f.direct.p99) * 1e3, f.router.p99 - f.direct.p99 <= 1e-3 ? "true" : "false",
+        summary_json(f.router), summary_json(f.grpc), (f.router.p50 - f.direct.p50) * 1e3,
+        (f.router.p99 - f.direct.p99) * 1e3, (f.grpc.p50 - f.direct.p50) * 1e3,
+        (f.grpc.p99 - f.direct.p99) * 1e3, f.router.p99 - f.direct.p99 <= 1e-3 ? "true" : "false",
         f.errors);
   }
   if (run.streams) {

@@ -40,11 +40,9 @@ int run_router(SettingsFlags& flags) {
     std::fprintf(stderr, "cleave router: %s\n", app.status().message().c_str());
     return app.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::printf("cleave router listening on %s (model '%s')\n", (*app)->url().c_str(),
-              (*app)->model_name().c_str());
-  if (const std::string grpc = (*app)->grpc_target(); !grpc.empty()) {
-    std::printf("gRPC API (cleave.v1.Inference) on %s\n", grpc.c_str());
-  }
+  const std::string grpc = (*app)->grpc_target();
+  std::printf("cleave router listening on %s (model '%s'%s%s)\n", (*app)->url().c_str(),
+              (*app)->model_name().c_str(), grpc.empty() ? "" : ", gRPC API on ", grpc.c_str());
   std::fflush(stdout);
   int sig = 0;
   while (sigwait(&signals, &sig) != 0) {
