@@ -22,56 +22,57 @@ bool ReservationTable::mark_filled(uint64_t tag) {
     if (t == by_tag_.end()) return false;
     by_id_.at(t->second).filled = true;
   }
-  cv_.notify_all();
+  notify();
   return true;
 }
 
-ReservationTable::Taken ReservationTable::wait_and_take(RequestId id,
-                                                        const std::function<bool()>& give_up,
-                                                        std::chrono::milliseconds poll) {
-  std::unique_lock<std::mutex> lock(mu_);
+ReservationTable::Claim ReservationTable::claim(RequestId id) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return {Outcome::kShutdown};
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return {Outcome::kNotFound};
   if (it->second.claimed) return {Outcome::kBusy};
   it->second.claimed = true;
-  const uint64_t tag = it->second.tag;
-  Taken taken{Outcome::kFilled, it->second.num_tokens, it->second.lease};
-  for (;;) {
-    if (shutdown_) {
-      taken.outcome = Outcome::kShutdown;
-      break;
-    }
-    it = by_id_.find(id);
-    // Gone, or replaced under the same id by a new Reserve after a Release.
-    if (it == by_id_.end() || it->second.tag != tag) {
-      taken.outcome = Outcome::kReleased;
-      return taken;
-    }
-    if (it->second.filled) {
-      taken.outcome = Outcome::kFilled;
-      break;
-    }
-    const auto now = Clock::now();
-    if (now >= it->second.deadline) {
-      taken.outcome = Outcome::kExpired;
-      break;
-    }
-    lock.unlock();
-    const bool quit = give_up && give_up();
-    lock.lock();
-    if (quit) {
-      taken.outcome = Outcome::kGaveUp;
-      break;
-    }
-    it = by_id_.find(id);
-    if (it == by_id_.end() || it->second.tag != tag) continue;  // reported above
-    const auto wake = std::min(it->second.deadline, Clock::now() + poll);
-    cv_.wait_until(lock, wake);
+  return {Outcome::kFilled, it->second.tag, it->second.num_tokens, it->second.lease};
+}
+
+std::optional<ReservationTable::Taken> ReservationTable::poll(RequestId id, const Claim& claim,
+                                                              bool give_up) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Taken taken{Outcome::kFilled, claim.num_tokens, claim.lease};
+  auto it = by_id_.find(id);
+  // Gone, or replaced under the same id by a new Reserve after a Release.
+  if (it == by_id_.end() || it->second.tag != claim.tag) {
+    taken.outcome = shutdown_ ? Outcome::kShutdown : Outcome::kReleased;
+    return taken;
   }
-  it = by_id_.find(id);
-  if (it != by_id_.end() && it->second.tag == tag) erase_locked(it);
+  if (shutdown_) {
+    taken.outcome = Outcome::kShutdown;
+  } else if (it->second.filled) {
+    taken.outcome = Outcome::kFilled;
+  } else if (Clock::now() >= it->second.deadline) {
+    taken.outcome = Outcome::kExpired;
+  } else if (give_up) {
+    taken.outcome = Outcome::kGaveUp;
+  } else {
+    return std::nullopt;
+  }
+  erase_locked(it);
   return taken;
+}
+
+void ReservationTable::set_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lock(mu_);
+  listener_ = std::move(listener);
+}
+
+void ReservationTable::notify() {
+  std::function<void()> listener;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    listener = listener_;
+  }
+  if (listener) listener();
 }
 
 bool ReservationTable::remove(RequestId id) {
@@ -84,7 +85,7 @@ bool ReservationTable::remove(RequestId id) {
       removed = true;
     }
   }
-  if (removed) cv_.notify_all();
+  if (removed) notify();
   return removed;
 }
 
@@ -107,7 +108,7 @@ void ReservationTable::shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_ = true;
   }
-  cv_.notify_all();
+  notify();
 }
 
 int64_t ReservationTable::size() const {

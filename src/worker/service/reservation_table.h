@@ -1,16 +1,17 @@
 // A decode worker's reservations as the control plane sees them: request id, the notice tag the
 // prefill worker's notice will carry, the prompt length and the lease. The engine loop owns the
 // blocks (EngineLoop::reserve and its lease expiry); this table pairs notices with requests and
-// lets Decode wait for its KV.
+// lets Decode wait for its KV, without a thread: claim() once, then poll() whenever the table
+// signals a change (its listener) or a timer fires.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <unordered_map>
 
@@ -45,11 +46,22 @@ class ReservationTable {
     int64_t num_tokens = 0;
     std::chrono::milliseconds lease{0};
   };
-  // Waits until the reservation of `id` is filled, its lease ends, it is released, the worker
-  // shuts down or `give_up()` (polled every `poll`) says so. The entry is gone afterwards in
-  // every case but kNotFound and kBusy.
-  Taken wait_and_take(RequestId id, const std::function<bool()>& give_up,
-                      std::chrono::milliseconds poll);
+  // Claims the reservation of `id` for one Decode: kFilled means "claimed" (poll() tells when
+  // the KV is in place); kNotFound, kBusy (another Decode claimed it) and kShutdown are final.
+  struct Claim {
+    Outcome outcome = Outcome::kNotFound;
+    uint64_t tag = 0;  // what poll() takes
+    int64_t num_tokens = 0;
+    std::chrono::milliseconds lease{0};
+  };
+  Claim claim(RequestId id);
+  // The claimed reservation's state: nullopt while its KV is not in place and its lease runs;
+  // else the outcome (kFilled, kExpired, kReleased, kShutdown, or kGaveUp when `give_up`), and
+  // the entry is gone.
+  std::optional<Taken> poll(RequestId id, const Claim& claim, bool give_up);
+  // Called after every change a poll() may see (a notice, a release, shutdown), outside the
+  // table's lock; set once, before any claim.
+  void set_listener(std::function<void()> listener);
 
   // Release / Abort: removes the entry (a waiting Decode sees kReleased). false when none.
   bool remove(RequestId id);
@@ -72,8 +84,10 @@ class ReservationTable {
   };
   void erase_locked(std::unordered_map<RequestId, Entry>::iterator it);
 
+  void notify();
+
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::function<void()> listener_;
   std::unordered_map<RequestId, Entry> by_id_;
   std::unordered_map<uint64_t, RequestId> by_tag_;
   std::mt19937_64 rng_{std::random_device{}()};

@@ -59,16 +59,16 @@ bool WorkerCore::take_aborted(RequestId id) {
   return aborted_.erase(id) > 0;
 }
 
-grpc::Status WorkerRpcs::wrong_role(std::string_view rpc, std::string_view served_by) const {
+grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                       fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",
-                                  rpc, core_.id, worker_role_name(core_.role), served_by));
+                                  rpc, core.id, worker_role_name(core.role), served_by));
 }
 
-grpc::Status WorkerRpcs::done(std::string_view rpc, grpc::Status s) {
-  core_.metrics.count_rpc(rpc, grpc_code_name(s.error_code()));
+grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s) {
+  core.metrics.count_rpc(rpc, grpc_code_name(s.error_code()));
   if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
-    log::debug("worker {}: {} -> {}: {}", core_.id, rpc, grpc_code_name(s.error_code()),
+    log::debug("worker {}: {} -> {}: {}", core.id, rpc, grpc_code_name(s.error_code()),
                s.error_message());
   }
   return s;

@@ -1,15 +1,15 @@
-// Decode workers: Reserve, Release and Decode.
+// Decode workers: Reserve, Release and Decode (token_stream.cpp streams it).
 #include "cleave/common/log.h"
 #include "cleave/worker/proto_convert.h"
 #include "fmt/format.h"
-#include "request_events.h"
+#include "token_stream.h"
 #include "worker_core.h"
 
 namespace cleave::worker_service {
 
 grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest* req,
                                  v1::KvDestination* out) {
-  if (core_.role != WorkerRole::kDecode) return done("Reserve", wrong_role("Reserve", "decode"));
+  if (core_.role != WorkerRole::kDecode) return done("Reserve", wrong_role(core_, "Reserve", "decode"));
   if (req->lease_ms() < 0) {
     return done("Reserve", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                         fmt::format("lease_ms {} is negative", req->lease_ms())));
@@ -39,82 +39,16 @@ grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest*
 
 grpc::Status WorkerRpcs::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
                                  v1::ReleaseResponse* out) {
-  if (core_.role != WorkerRole::kDecode) return done("Release", wrong_role("Release", "decode"));
+  if (core_.role != WorkerRole::kDecode) return done("Release", wrong_role(core_, "Release", "decode"));
   const bool had_entry = core_.reservations.remove(req->request_id());
   const bool had_blocks = core_.engine->release_reservation(req->request_id());
   out->set_released(had_blocks || had_entry);
   return done("Release", grpc::Status::OK);
 }
 
-grpc::Status WorkerRpcs::Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* req,
-                                grpc::ServerWriter<v1::TokenEvent>* writer) {
-  if (core_.role != WorkerRole::kDecode) return done("Decode", wrong_role("Decode", "decode"));
-  return done("Decode", decode(ctx, *req, writer));
-}
-
-grpc::Status WorkerRpcs::decode(grpc::ServerContext* ctx, const v1::DecodeRequest& req,
-                                grpc::ServerWriter<v1::TokenEvent>* writer) {
-  using Outcome = ReservationTable::Outcome;
-  const RequestId id = req.request_id();
-  const auto start = std::chrono::steady_clock::now();
-  const ReservationTable::Taken taken = core_.reservations.wait_and_take(
-      id, [ctx] { return ctx->IsCancelled(); }, kCancelPoll);
-  switch (taken.outcome) {
-    case Outcome::kFilled:
-      break;
-    case Outcome::kNotFound:
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          fmt::format("no reservation for request {} on worker '{}' (never made, "
-                                      "already used, released or expired)",
-                                      id, core_.id));
-    case Outcome::kBusy:
-      return grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                          fmt::format("a Decode of request {} is already waiting", id));
-    case Outcome::kExpired:
-      // The engine gives the blocks back at the lease's end (and counts it).
-      log::info("worker {}: request {}: the KV did not arrive within the lease of {} ms", core_.id,
-                id, taken.lease.count());
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          fmt::format("request {}: the KV did not arrive within the lease of {} ms",
-                                      id, taken.lease.count()));
-    case Outcome::kReleased:
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          fmt::format("request {}: the reservation was released or aborted", id));
-    case Outcome::kGaveUp:
-      (void)core_.engine->release_reservation(id);
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          fmt::format("request {}: the client went away", id));
-    case Outcome::kShutdown:
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          fmt::format("worker '{}' is shutting down", core_.id));
-  }
-  core_.metrics.kv_wait_seconds->observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-
-  EngineRequest r;
-  r.id = id;
-  r.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
-  r.params = req.has_params() ? from_proto(req.params()) : SamplingParams{};
-  r.prefilled = true;
-  r.first_token = req.first_token();
-  if (static_cast<int64_t>(r.prompt.size()) != taken.num_tokens) {
-    (void)core_.engine->release_reservation(id);
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        fmt::format("request {}: the prompt has {} tokens but {} were reserved", id,
-                                    r.prompt.size(), taken.num_tokens));
-  }
-  auto events = std::make_shared<RequestEvents>();
-  const Status submitted = core_.engine->submit(std::move(r), RequestEvents::callback(events));
-  if (!submitted.ok()) {
-    (void)core_.engine->release_reservation(id);
-    return to_grpc(submitted);
-  }
-  grpc::Status s = stream_request(ctx, *core_.engine, id, *events, writer);
-  if (s.ok()) {
-    core_.metrics.e2e_request_seconds->observe(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return s;
+grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Decode(grpc::CallbackServerContext* ctx,
+                                                             const v1::DecodeRequest* req) {
+  return start_decode(pump_, ctx, req);
 }
 
 }  // namespace cleave::worker_service

@@ -48,7 +48,7 @@ std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) 
 
 grpc::Status WorkerRpcs::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                                  v1::PrefillResponse* out) {
-  if (core_.role != WorkerRole::kPrefill) return done("Prefill", wrong_role("Prefill", "prefill"));
+  if (core_.role != WorkerRole::kPrefill) return done("Prefill", wrong_role(core_, "Prefill", "prefill"));
   return done("Prefill", prefill(ctx, *req, out));
 }
 

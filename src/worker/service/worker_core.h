@@ -62,10 +62,22 @@ struct WorkerCore {
   std::unordered_map<std::string, uint64_t> peers_;
 };
 
-// The gRPC service. Every handler checks the role first.
-class WorkerRpcs final : public v1::Worker::Service {
+class TokenStreamPump;
+
+// UNIMPLEMENTED naming the RPC, this worker's role and the roles that serve it.
+grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by);
+// Counts the RPC in the metrics (and logs a failure other than CANCELLED); returns `s`.
+grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s);
+
+// The gRPC service. Every handler checks the role first. The streaming RPCs (Decode, Generate)
+// run on the callback API (token_stream.h), so that no thread is held per stream; the unary
+// ones on the synchronous API.
+using WorkerServiceBase = v1::Worker::WithCallbackMethod_Decode<
+    v1::Worker::WithCallbackMethod_Generate<v1::Worker::Service>>;
+
+class WorkerRpcs final : public WorkerServiceBase {
  public:
-  explicit WorkerRpcs(WorkerCore& core) : core_(core) {}
+  WorkerRpcs(WorkerCore& core, TokenStreamPump& pump) : core_(core), pump_(pump) {}
 
   grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req,
                        v1::WorkerInfo* out) override;
@@ -79,36 +91,26 @@ class WorkerRpcs final : public v1::Worker::Service {
                        v1::ReleaseResponse* out) override;
   grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                        v1::PrefillResponse* out) override;
-  grpc::Status Decode(grpc::ServerContext* ctx, const v1::DecodeRequest* req,
-                      grpc::ServerWriter<v1::TokenEvent>* writer) override;
-  grpc::Status Generate(grpc::ServerContext* ctx, const v1::GenerateRequest* req,
-                        grpc::ServerWriter<v1::TokenEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::TokenEvent>* Decode(grpc::CallbackServerContext* ctx,
+                                                   const v1::DecodeRequest* req) override;
+  grpc::ServerWriteReactor<v1::TokenEvent>* Generate(grpc::CallbackServerContext* ctx,
+                                                     const v1::GenerateRequest* req) override;
   grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
                      v1::AbortResponse* out) override;
 
  private:
-  // UNIMPLEMENTED naming the RPC, this worker's role and the roles that serve it.
-  grpc::Status wrong_role(std::string_view rpc, std::string_view served_by) const;
-  // Counts the RPC in the metrics and returns `s`.
-  grpc::Status done(std::string_view rpc, grpc::Status s);
+  grpc::Status done(std::string_view rpc, grpc::Status s) {
+    return count_rpc(core_, rpc, std::move(s));
+  }
   grpc::Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
                        v1::PrefillResponse* out);
-  grpc::Status decode(grpc::ServerContext* ctx, const v1::DecodeRequest& req,
-                      grpc::ServerWriter<v1::TokenEvent>* writer);
 
   WorkerCore& core_;
+  TokenStreamPump& pump_;
 };
-
-// Streams one submitted request's events (from `events`) to `writer` until its finished event.
-// Cancels the request in the engine when the client goes away or a write fails. The status is
-// OK for a request that finished, CANCELLED when it was cancelled, or its error.
-// `first_token_at` (when given) gets the time the first token event was taken.
-class RequestEvents;
-grpc::Status stream_request(grpc::ServerContext* ctx, EngineLoop& engine, RequestId id,
-                            RequestEvents& events, grpc::ServerWriter<v1::TokenEvent>* writer,
-                            std::chrono::steady_clock::time_point* first_token_at = nullptr);
 
 // Short status name for metrics labels ("OK", "UNAVAILABLE", ...).
 std::string_view grpc_code_name(grpc::StatusCode code);
+
 
 }  // namespace cleave::worker_service

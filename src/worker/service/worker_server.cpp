@@ -16,6 +16,7 @@
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "token_stream.h"
 #include "worker_core.h"
 
 namespace cleave {
@@ -81,6 +82,7 @@ bool is_loopback(const std::string& host) {
 
 struct WorkerServer::Impl {
   WorkerCore core;
+  std::unique_ptr<worker_service::TokenStreamPump> pump;  // stopped after the server: streams need it to end
   std::unique_ptr<WorkerRpcs> rpcs;
   std::unique_ptr<grpc::Server> server;
   std::string host;
@@ -154,7 +156,8 @@ Status WorkerServer::Impl::load(const Config& config) {
 
 Status WorkerServer::Impl::serve() {
   grpc::EnableDefaultHealthCheckService(true);
-  rpcs = std::make_unique<WorkerRpcs>(core);
+  pump = std::make_unique<worker_service::TokenStreamPump>(core);
+  rpcs = std::make_unique<WorkerRpcs>(core, *pump);
   grpc::ServerBuilder builder;
   int bound = 0;
   builder.AddListeningPort(core.config.worker.listen, grpc::InsecureServerCredentials(), &bound);
@@ -232,6 +235,7 @@ void WorkerServer::Impl::shutdown() {
   core.reservations.shutdown();
   if (core.engine) core.engine->shutdown();
   if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (pump) pump->stop();
   stop_notices.store(true, std::memory_order_release);
   if (notice_thread.joinable()) notice_thread.join();
   if (core.transfer && core.kv_region.id != 0) {

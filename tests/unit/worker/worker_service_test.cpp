@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -485,6 +486,115 @@ TEST_F(WorkerServiceTest, ReservationsLeasesAndRelease) {
   EXPECT_TRUE(aresp.aborted());
   EXPECT_EQ(waiting.get().status.error_code(), grpc::StatusCode::CANCELLED);
   expect_pool_back(*decode.stub, "after abort");
+}
+
+TEST_F(WorkerServiceTest, ADecodeWaitingForItsKvGivesUpWhenItsClientLeaves) {
+  std::string why;
+  Worker decode = start(worker_config("decode"), &why);
+  if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+  v1::KvDestination dest;
+  ASSERT_TRUE(reserve(*decode.stub, 5, 20, 10000, &dest).ok());
+  v1::DecodeRequest dreq;
+  dreq.set_request_id(5);
+  for (int i = 0; i < 20; ++i) dreq.add_prompt_tokens(5);
+  to_proto(greedy(4), dreq.mutable_params());
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + 15s);
+  auto reader = decode.stub->Decode(&c, dreq);
+  std::this_thread::sleep_for(100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  c.TryCancel();
+  v1::TokenEvent ev;
+  EXPECT_FALSE(reader->Read(&ev));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The reservation goes back at once, not at the end of its 10 s lease.
+  const auto until = t0 + 3s;
+  while (load(*decode.stub).blocks_reserved() != 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(10ms);
+  }
+  expect_pool_back(*decode.stub, "after the client left");
+  EXPECT_EQ(load(*decode.stub).leases_expired(), 0u);
+}
+
+// One Generate stream read by gRPC's callback client (no thread of this test per stream).
+class CountingStream final : public grpc::ClientReadReactor<v1::TokenEvent> {
+ public:
+  CountingStream(v1::Worker::Stub& stub, v1::GenerateRequest req, std::atomic<int>* started)
+      : req_(std::move(req)), started_(started) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + 60s);
+    stub.async()->Generate(&ctx_, &req_, this);
+    StartRead(&ev_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (ev_.has_token() && tokens_++ == 0) started_->fetch_add(1);
+    StartRead(&ev_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    done_.set_value();
+  }
+  void wait() { done_.get_future().wait(); }
+  const grpc::Status& status() const { return status_; }
+  int tokens() const { return tokens_; }
+
+ private:
+  grpc::ClientContext ctx_;
+  v1::GenerateRequest req_;
+  v1::TokenEvent ev_;
+  std::atomic<int>* started_;
+  int tokens_ = 0;
+  grpc::Status status_;
+  std::promise<void> done_;
+};
+
+int thread_count() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+TEST_F(WorkerServiceTest, ManyConcurrentStreamsHoldNoThreadEach) {
+  Config config = worker_config("unified");
+  config.engine.max_num_seqs = 256;
+  config.engine.max_tokens_per_step = 1024;
+  Worker w = start(config);
+  ASSERT_TRUE(w.server);
+  const int baseline = thread_count();
+  constexpr int kStreams = 200;
+  constexpr int kTokens = 48;
+  std::atomic<int> started{0};
+  std::vector<std::unique_ptr<CountingStream>> streams;
+  const auto prompts = mixed_prompts(*ref_->tok, 4);
+  for (int i = 0; i < kStreams; ++i) {
+    v1::GenerateRequest req;
+    req.set_request_id(1000 + static_cast<uint64_t>(i));
+    const auto& prompt = prompts[static_cast<size_t>(i) % prompts.size()];
+    req.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());
+    SamplingParams p = greedy(kTokens);
+    p.ignore_eos = true;
+    to_proto(p, req.mutable_params());
+    streams.push_back(std::make_unique<CountingStream>(*w.stub, std::move(req), &started));
+  }
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (started.load() < kStreams && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  const int during = thread_count();
+  std::printf("threads: %d before, %d with %d streams started\n", baseline, during, started.load());
+  for (auto& s : streams) s->wait();
+  int ok = 0;
+  for (auto& s : streams) {
+    if (s->status().ok() && s->tokens() == kTokens) ++ok;
+  }
+  EXPECT_EQ(ok, kStreams);
+  // A thread per stream would add 200; gRPC's own pools stay well below that.
+  EXPECT_LT(during - baseline, kStreams / 2) << "threads: " << baseline << " -> " << during;
+  expect_pool_back(*w.stub, "after the streams");
 }
 
 TEST_F(WorkerServiceTest, RolesRefuseWhatTheyDoNotServe) {
