@@ -127,12 +127,19 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   const int64_t grains = (n + grain - 1) / grain;
   const int64_t n_chunks =
       std::min<int64_t>(grains, static_cast<int64_t>(n_threads_) * kChunksPerThread);
+  // First a generation with no chunk to claim: a thread that read a claim of the previous loop
+  // and is about to read n_chunks_ can no longer win its compare-and-swap, so it never runs a
+  // chunk of the old loop counted against (or with the parameters of) this one. Without the
+  // fence such a thread could claim a chunk after this loop's chunks_done_ reset, the count
+  // would step past n_chunks and the caller would wait forever.
+  const uint32_t fence = generation_of(claim_.load()) + 1;
+  claim_.store((static_cast<uint64_t>(fence) << 32) | kNoChunk);
   fn_.store(&fn);
   n_.store(n);
   grain_.store(grain);
   n_chunks_.store(n_chunks);
   chunks_done_.store(0);
-  const uint32_t gen = generation_of(claim_.load()) + 1;
+  const uint32_t gen = fence + 1;
   claim_.store(static_cast<uint64_t>(gen) << 32);
   if (sleeping_workers_.load() > 0) {
     std::lock_guard<std::mutex> lk(mu_);

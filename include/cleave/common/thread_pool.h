@@ -35,6 +35,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   static constexpr int kChunksPerThread = 4;
+  // A claim's chunk index that no loop has (the fence between two loops).
+  static constexpr uint64_t kNoChunk = 0xFFFFFFFFull;
 
   int size() const { return n_threads_; }
   // fn(begin, end) over contiguous chunks of [0, n); chunk boundaries are multiples of `grain`

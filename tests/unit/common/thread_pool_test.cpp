@@ -139,6 +139,29 @@ TEST(ThreadPoolTest, RapidLoopsWithAndWithoutSpinning) {
   }
 }
 
+// Loops of changing size back to back, with more threads than this machine's cores (so that a
+// worker is often preempted between reading a claim and claiming): every index of every loop
+// runs exactly once, and every loop returns. A worker pairing a claim of one loop with the
+// chunk count of the next once made a loop count a chunk too many and its caller wait forever.
+TEST(ThreadPoolTest, BackToBackLoopsOfChangingSizeNeverMixTheirChunks) {
+  const int64_t sizes[] = {2, 9, 64, 3, 17, 40, 1000, 5};
+  for (int spin_us : {0, 20}) {
+    ThreadPool pool(std::max(4, 2 * hardware_threads()));
+    pool.set_spin_microseconds(spin_us);
+    std::vector<std::atomic<int>> hits(1000);
+    for (int iter = 0; iter < 20000; ++iter) {
+      const int64_t n = sizes[iter % 8];
+      pool.parallel_for(n, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[static_cast<size_t>(i)].exchange(0), 1)
+            << "iteration " << iter << " n=" << n << " i=" << i << " spin=" << spin_us;
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, WakesSleepingWorkersAfterIdlePeriods) {
   ThreadPool pool(2);
   pool.set_spin_microseconds(50);
