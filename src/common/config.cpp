@@ -339,6 +339,12 @@ void register_settings(Config& c, SettingsRegistry& r) {
              "How a unified worker is chosen per request.");
   r.add_int("router.health_interval_ms", &c.router.health_interval_ms,
             "Every worker's health and load are probed this often.", 10, 3600000);
+  r.add_int("router.health_timeout_ms", &c.router.health_timeout_ms,
+            "Each health/load probe RPC of a worker times out after this long.", 10, 600000);
+  r.add_int("router.health_failures", &c.router.health_failures,
+            "Probes in a row that time out before a busy worker leaves its pool (a refused or "
+            "failed probe, or an RPC failing UNAVAILABLE, takes it out at once).",
+            1, 1000);
   r.add_int("router.dns_refresh_ms", &c.router.dns_refresh_ms,
             "Pools given by a DNS name (pools.*.dns) are re-resolved this often.", 100, 86400000);
   r.add_int("router.max_body_bytes", &c.router.max_body_bytes,

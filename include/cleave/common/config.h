@@ -145,6 +145,8 @@ struct RouterSettings {
   std::string policy_decode = "least_loaded";
   std::string policy_unified = "least_loaded";
   int64_t health_interval_ms = 1000;  // worker health and load probes
+  int64_t health_timeout_ms = 1000;   // each probe RPC
+  int64_t health_failures = 3;        // timed-out probes in a row before a worker leaves
   int64_t dns_refresh_ms = 10000;     // DNS names of the pools re-resolved this often
   int64_t max_body_bytes = 16ll << 20;  // larger request bodies: HTTP 413
   std::string served_model_name;        // empty: the model's own name (else its file name)

@@ -78,8 +78,10 @@ struct DispatcherOptions {
   WorkerPoolOptions decode;                                                         // disaggregated
 
   // Every worker is probed this often; a probe that fails (or an RPC failing UNAVAILABLE)
-  // takes it out of its pool until a probe succeeds again.
+  // takes it out of its pool until a probe succeeds again. A probe that only timed out (the
+  // worker is slow, not gone) does so after probe_failures of them in a row.
   std::chrono::milliseconds health_interval{1000};
+  int probe_failures = 3;
   // Requests admitted and not yet finished; submit() beyond it: ResourceExhausted.
   int64_t queue_limit = 1024;
   // Tries of a request before its first token (each on a worker not tried before).

@@ -76,6 +76,8 @@ Result<DispatcherOptions> dispatcher_options_from_config(const Config& config) {
         o.decode, pool_from_settings("decode", config.pools.decode, r.policy_decode, config));
   }
   o.health_interval = std::chrono::milliseconds(r.health_interval_ms);
+  o.timeouts.probe = std::chrono::milliseconds(r.health_timeout_ms);
+  o.probe_failures = static_cast<int>(r.health_failures);
   o.queue_limit = r.max_queue;
   const std::chrono::milliseconds first_token(r.request_timeout_ms);
   o.timeouts.prefill = first_token;

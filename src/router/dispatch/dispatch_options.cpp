@@ -83,6 +83,9 @@ Status validate_dispatcher_options(const DispatcherOptions& o) {
   }
   CLEAVE_RETURN_IF_ERROR(positive("health_interval", o.health_interval));
   CLEAVE_RETURN_IF_ERROR(positive("timeouts.probe", o.timeouts.probe));
+  if (o.probe_failures < 1) {
+    return InvalidArgument(fmt::format("probe_failures must be >= 1 (got {})", o.probe_failures));
+  }
   CLEAVE_RETURN_IF_ERROR(positive("timeouts.reserve", o.timeouts.reserve));
   CLEAVE_RETURN_IF_ERROR(positive("timeouts.prefill", o.timeouts.prefill));
   CLEAVE_RETURN_IF_ERROR(positive("timeouts.first_token", o.timeouts.first_token));

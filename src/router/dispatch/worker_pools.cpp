@@ -148,6 +148,12 @@ void WorkerPools::apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, Pro
     m->load = std::move(r.load);
     m->inflight_at_load = worker->inflight.load(std::memory_order_relaxed);
   }
+  // A probe whose every failure is a timeout: the worker is slow (busy), not gone.
+  const auto timed_out_or_ok = [](const Status& s) {
+    return s.ok() || s.code() == StatusCode::kDeadlineExceeded;
+  };
+  const bool only_timeouts = timed_out_or_ok(r.health) && timed_out_or_ok(r.load_status) &&
+                             (!r.info_fetched || timed_out_or_ok(r.info_status));
   std::string why;
   if (!r.health.ok()) why = r.health.to_string();
   else if (!r.load_status.ok()) why = r.load_status.to_string();
@@ -156,6 +162,14 @@ void WorkerPools::apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, Pro
   else if (m->info.role() != pool_role_name(worker->role)) {
     why = fmt::format("it is a {} worker ('{}'), not a {} worker", m->info.role(),
                       m->info.worker_id(), pool_role_name(worker->role));
+  }
+  if (why.empty()) {
+    m->slow_probes = 0;
+  } else if (m->ready && only_timeouts && ++m->slow_probes < options_.probe_failures) {
+    log::info("dispatch: {} worker {}: probe {} of {} in a row timed out; still ready: {}",
+              pool_role_name(worker->role), worker->address, m->slow_probes,
+              options_.probe_failures, why);
+    return;
   }
   set_ready(*m, why.empty(), why);
   update_pairings();

@@ -77,7 +77,9 @@ class WorkerPools {
   // Every endpoint of every pool, and whether each needs GetInfo on its next probe.
   std::vector<std::pair<std::shared_ptr<WorkerEndpoint>, bool>> probe_targets() const;
   // Records a probe: ready when SERVING, GetLoad answered, the info known and of the pool's
-  // role. A worker whose info changed (restart) loses its pairings and prefix history.
+  // role. A ready worker whose probe only timed out stays ready until probe_failures such
+  // probes in a row. A worker whose info changed (restart) loses its pairings and prefix
+  // history.
   void apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, ProbeResult result);
   // An RPC failed UNAVAILABLE: out of its pool until a probe succeeds.
   void mark_failed(const std::shared_ptr<WorkerEndpoint>& worker, const Status& why);
@@ -99,6 +101,7 @@ class WorkerPools {
     v1::LoadReport load;
     int64_t inflight_at_load = 0;  // endpoint->inflight when `load` was taken
     std::string not_ready_why;     // last reason, logged on change
+    int slow_probes = 0;           // probes in a row that timed out while ready
   };
   struct Pool {
     std::map<std::string, Member> members;  // by address

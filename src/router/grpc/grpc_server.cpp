@@ -284,9 +284,11 @@ void GrpcServer::Impl::health_loop() {
   while (!health_stop) {
     const bool ready = frontend.dispatcher().ready();
     if (reported != ready) {
+      // The service first, then the server as a whole: a client that sees the overall status
+      // change finds the service's already changed.
       if (auto* health = server->GetHealthCheckService()) {
-        health->SetServingStatus(ready);
         health->SetServingStatus(v1::Inference::service_full_name(), ready);
+        health->SetServingStatus(ready);
       }
       reported = ready;
     }
@@ -324,6 +326,11 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::start(const GrpcServerOptions& o
         address));
   }
   impl->port = bound;
+  // Known from the start (NOT_SERVING), so that a check never finds the service unknown.
+  if (auto* health = impl->server->GetHealthCheckService()) {
+    health->SetServingStatus(v1::Inference::service_full_name(), false);
+    health->SetServingStatus(false);
+  }
   impl->work.emplace(impl->io.get_executor());
   impl->out_thread = std::thread([raw = impl.get()] {
     set_thread_name("grpc-out");

@@ -49,6 +49,8 @@ pools:
                                     "test.yaml")
                   .ok());
   ASSERT_TRUE(s.registry.set("router.dns_refresh_ms", "500", "flag").ok());
+  ASSERT_TRUE(s.registry.set("router.health_timeout_ms", "2500", "flag").ok());
+  ASSERT_TRUE(s.registry.set("router.health_failures", "5", "flag").ok());
   auto o = dispatcher_options_from_config(s.config);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->mode, DispatchMode::kDisaggregated);
@@ -61,6 +63,8 @@ pools:
   EXPECT_EQ(o->decode.policy, DispatchPolicyKind::kLeastLoaded);
   EXPECT_EQ(o->queue_limit, 7);
   EXPECT_EQ(o->health_interval.count(), 250);
+  EXPECT_EQ(o->timeouts.probe.count(), 2500);
+  EXPECT_EQ(o->probe_failures, 5);
   EXPECT_EQ(o->timeouts.first_token.count(), 1234);
   EXPECT_EQ(o->timeouts.prefill.count(), 1234);
 }
