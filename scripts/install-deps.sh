@@ -30,11 +30,13 @@ else
   echo "install-deps: all Debian packages present" >&2
 fi
 
-# Python packages for the end-to-end tests (real OpenAI clients against `cleave serve`).
-PIP_PACKAGES=(openai)
+# Python packages for the end-to-end tests (real clients against `cleave serve`): the official
+# `openai` client, and grpcio-tools (grpcio, protobuf and a protoc for the gRPC API's stubs).
+# Each entry is PACKAGE:MODULE (the module the check imports).
+PIP_PACKAGES=(openai:openai grpcio-tools:grpc_tools)
 pip_missing=()
-for p in "${PIP_PACKAGES[@]}"; do
-  python3 -c "import $p" 2>/dev/null || pip_missing+=("$p")
+for entry in "${PIP_PACKAGES[@]}"; do
+  python3 -c "import ${entry#*:}" 2>/dev/null || pip_missing+=("${entry%%:*}")
 done
 if [ "${#pip_missing[@]}" -gt 0 ]; then
   echo "install-deps: pip installing ${pip_missing[*]}" >&2

@@ -1,9 +1,9 @@
-# End-to-end tests of `cleave serve` with the official `openai` Python package (tests/e2e/
+# End-to-end tests of `cleave serve` with the official `openai` Python package and grpcio (tests/e2e/
 # serve_*_test.py, unittest): the API on stories260K in disaggregated mode, 200 concurrent
-# streams, and a decode worker killed under load. Skip (77) when ../shared is absent; fail when
-# the `openai` package is missing (scripts/install-deps.sh installs it).
+# streams, a decode worker killed under load, and the gRPC API. Skip (77) when ../shared is
+# absent; fail when `openai` or `grpcio-tools` is missing (scripts/install-deps.sh installs them).
 if(TARGET cleave)
-  foreach(name openai concurrency worker_failure)
+  foreach(name openai concurrency worker_failure grpc)
     set(tgt e2e_serve_${name})
     add_test(NAME ${tgt}
              COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/e2e/serve_${name}_test.py

@@ -32,6 +32,7 @@ class ServeConcurrencyTest(unittest.TestCase):
     def run_load(self, serve):
         client = h.client(serve, timeout=TIME_BOUND_S)
         model = client.models.list().data[0].id
+        h.warm_up_client(client, model)
         prompts = ["Once upon a time", "The little dog", "Lily and Ben", "One day, a bird",
                    "Tom had a red ball"]
         barrier = threading.Barrier(STREAMS + DROPPED)

@@ -1,5 +1,6 @@
 """End-to-end: a decode worker killed (SIGKILL) under load, `cleave serve` with
-pools.decode.replicas=2 and router.policy_decode=round_robin. No request hangs; requests that had not started streaming when the
+pools.decode.replicas=2 and router.policy_decode=round_robin, at a moment its own load report
+(GetLoad, over grpcio) shows it decoding. No request hangs; requests that had not started streaming when the
 worker died succeed on the other worker; the streams that were on it end with an error event;
 serve restarts the worker on its address and the router takes it back.
 
@@ -12,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -46,10 +48,18 @@ class ServeWorkerFailureTest(unittest.TestCase):
         import openai
         client = h.client(serve, timeout=BOUND_S)
         model = client.models.list().data[0].id
+        h.warm_up_client(client, model)
         workers = serve.workers()
         self.assertEqual(sorted(w for w in workers if workers[w][0] == "decode"),
                          ["decode-0", "decode-1"])
         victim_pid = workers["decode-0"][1]
+        import grpc
+        stubs_dir = tempfile.TemporaryDirectory(prefix="cleave-worker-stubs-")
+        self.addCleanup(stubs_dir.cleanup)
+        worker_pb2, worker_pb2_grpc = h.grpc_stubs(stubs_dir.name, "worker")
+        victim_channel = grpc.insecure_channel(workers["decode-0"][2])
+        self.addCleanup(victim_channel.close)
+        victim = worker_pb2_grpc.WorkerStub(victim_channel)
         streams_started = threading.Semaphore(0)
 
         def one(i, max_tokens):
@@ -112,12 +122,17 @@ class ServeWorkerFailureTest(unittest.TestCase):
             return "ok", first_at
 
         with concurrent.futures.ThreadPoolExecutor(BEFORE + AFTER) as pool:
-            before = [pool.submit(raw_stream, i, 1500) for i in range(BEFORE)]
-            # Kill as soon as most long streams have their first token (a straggler must not
-            # let the others finish first): round_robin put half of them on the victim, which
-            # is then generating their tokens.
-            for _ in range(BEFORE - 2):
-                self.assertTrue(streams_started.acquire(timeout=BOUND_S), "streams did not start")
+            before = [pool.submit(raw_stream, i, 1900) for i in range(BEFORE)]
+            # Kill as soon as the victim is decoding some of them (its own load report says so;
+            # round_robin put half of them there): the kill lands mid-stream however the
+            # machine's load spreads the first tokens, and streams not started yet are retried
+            # on the other worker. (Waiting for most streams to start instead let the victim's
+            # 1,900-token streams finish first on a loaded machine.)
+            self.assertTrue(streams_started.acquire(timeout=BOUND_S), "no stream started")
+            running_until = time.monotonic() + BOUND_S
+            while victim.GetLoad(worker_pb2.GetLoadRequest(), timeout=10).running < 1:
+                self.assertLess(time.monotonic(), running_until, "the victim never ran a stream")
+                time.sleep(0.005)
             os.kill(victim_pid, signal.SIGKILL)
             kill_time = time.monotonic()
             after = [pool.submit(one, 100000 + i, 32) for i in range(AFTER)]
