@@ -30,6 +30,7 @@
 #include "cleave/model/synth.h"
 #include "cleave/model/tokenizer.h"
 #include "cleave/worker/engine_loop.h"
+#include "bench_flags.h"
 #include "bench_json.h"
 
 namespace {
@@ -56,44 +57,29 @@ struct Row {
   double forward_share = 0;   // share of the run's wall time spent inside forward_batch
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  if (!problem.empty()) fmt::print(stderr, "batch_bench: {}\n", problem);
-  fmt::print(stderr,
-             "usage: batch_bench [--model FILE] [--threads N] [--concurrency 1,4,16,64] "
-             "[--prompt-tokens P] [--gen-tokens G] [--repeat R] [--json FILE] [--keep-model]\n");
-  std::exit(2);
-}
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min)
-    usage(fmt::format("{} wants an integer >= {}, got '{}'", flag, min, v));
-  return n;
-}
+constexpr const char* kUsage =
+    "usage: batch_bench [--model FILE] [--threads N] [--concurrency 1,4,16,64] "
+    "[--prompt-tokens P] [--gen-tokens G] [--repeat R] [--json FILE] [--keep-model]";
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--model") o.model = value();
-    else if (a == "--threads") o.threads = static_cast<int>(parse_int(a, value(), 0));
-    else if (a == "--prompt-tokens") o.prompt_tokens = parse_int(a, value(), 1);
-    else if (a == "--gen-tokens") o.gen_tokens = parse_int(a, value(), 2);
-    else if (a == "--repeat") o.repeat = parse_int(a, value(), 1);
-    else if (a == "--json") o.json = value();
-    else if (a == "--keep-model") o.keep_model = true;
-    else if (a == "--concurrency") {
+  cleave::bench::BenchFlags f("batch_bench", kUsage, argc, argv);
+  while (f.next()) {
+    if (f.is("--model")) o.model = f.value();
+    else if (f.is("--threads")) o.threads = static_cast<int>(f.integer(0));
+    else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(1);
+    else if (f.is("--gen-tokens")) o.gen_tokens = f.integer(2);
+    else if (f.is("--repeat")) o.repeat = f.integer(1);
+    else if (f.is("--json")) o.json = f.value();
+    else if (f.is("--keep-model")) o.keep_model = true;
+    else if (f.is("--concurrency")) {
       o.concurrency.clear();
-      std::stringstream ss(value());
-      for (std::string item; std::getline(ss, item, ',');) o.concurrency.push_back(parse_int(a, item, 1));
-      if (o.concurrency.empty()) usage("--concurrency needs at least one number");
-    } else if (a == "--help" || a == "-h") usage("");
-    else usage("unknown argument '" + a + "'");
+      std::stringstream ss(f.value());
+      for (std::string item; std::getline(ss, item, ',');) o.concurrency.push_back(f.integer_of(item, 1));
+      if (o.concurrency.empty()) f.fail("--concurrency needs at least one number");
+    } else {
+      f.unknown();
+    }
   }
   return o;
 }

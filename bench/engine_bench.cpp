@@ -20,6 +20,7 @@
 #include "cleave/engine/llama_model.h"
 #include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/model_file.h"
+#include "bench_flags.h"
 #include "bench_json.h"
 #include "copy_bandwidth.h"
 
@@ -45,39 +46,22 @@ struct Figures {
   double decode_over_floor = 0;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  if (!problem.empty()) fmt::print(stderr, "engine_bench: {}\n", problem);
-  fmt::print(stderr,
-             "usage: engine_bench --model FILE [--threads N] [--prompt-tokens P] "
-             "[--gen-tokens G] [--json FILE]\n");
-  std::exit(2);
-}
+constexpr const char* kUsage =
+    "usage: engine_bench --model FILE [--threads N] [--prompt-tokens P] "
+    "[--gen-tokens G] [--json FILE]";
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](int64_t min) -> int64_t {
-      const std::string v = value();
-      char* end = nullptr;
-      const long long n = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || n < min)
-        usage(fmt::format("{} wants an integer >= {}, got '{}'", a, min, v));
-      return n;
-    };
-    if (a == "--model") o.model = value();
-    else if (a == "--threads") o.threads = static_cast<int>(number(0));
-    else if (a == "--prompt-tokens") o.prompt_tokens = number(1);
-    else if (a == "--gen-tokens") o.gen_tokens = number(1);
-    else if (a == "--json") o.json = value();
-    else if (a == "--help" || a == "-h") usage("");
-    else usage("unknown argument '" + a + "'");
+  cleave::bench::BenchFlags f("engine_bench", kUsage, argc, argv);
+  while (f.next()) {
+    if (f.is("--model")) o.model = f.value();
+    else if (f.is("--threads")) o.threads = static_cast<int>(f.integer(0));
+    else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(1);
+    else if (f.is("--gen-tokens")) o.gen_tokens = f.integer(1);
+    else if (f.is("--json")) o.json = f.value();
+    else f.unknown();
   }
-  if (o.model.empty()) usage("--model is required");
+  if (o.model.empty()) f.fail("--model is required");
   return o;
 }
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "../tests/integration/worker/worker_process.h"
+#include "bench_flags.h"
 #include "bench_json.h"
 #include "cleave/common/status.h"
 #include "cleave/model/model_file.h"
@@ -64,43 +65,26 @@ struct Options {
   bool keep_model = false;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  if (!problem.empty()) fmt::print(stderr, "handoff_bench: {}\n", problem);
-  fmt::print(stderr,
-             "usage: handoff_bench [--cleave PATH] [--model FILE] [--provider P] "
-             "[--prompt-tokens N] [--runs R] [--threads T] [--max-tokens-per-step S] "
-             "[--transfer-iters I] [--json FILE] [--keep-model]\n");
-  std::exit(2);
-}
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min)
-    usage(fmt::format("{} wants an integer >= {}, got '{}'", flag, min, v));
-  return n;
-}
+constexpr const char* kUsage =
+    "usage: handoff_bench [--cleave PATH] [--model FILE] [--provider P] "
+    "[--prompt-tokens N] [--runs R] [--threads T] [--max-tokens-per-step S] "
+    "[--transfer-iters I] [--json FILE] [--keep-model]";
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--cleave") o.cleave = value();
-    else if (a == "--model") o.model = value();
-    else if (a == "--provider") o.provider = value();
-    else if (a == "--prompt-tokens") o.prompt_tokens = parse_int(a, value(), 16);
-    else if (a == "--runs") o.runs = parse_int(a, value(), 1);
-    else if (a == "--threads") o.threads = parse_int(a, value(), 0);
-    else if (a == "--max-tokens-per-step") o.max_tokens_per_step = parse_int(a, value(), 1);
-    else if (a == "--transfer-iters") o.transfer_iters = parse_int(a, value(), 1);
-    else if (a == "--json") o.json = value();
-    else if (a == "--keep-model") o.keep_model = true;
-    else if (a == "--help" || a == "-h") usage("");
-    else usage("unknown argument '" + a + "'");
+  cleave::bench::BenchFlags f("handoff_bench", kUsage, argc, argv);
+  while (f.next()) {
+    if (f.is("--cleave")) o.cleave = f.value();
+    else if (f.is("--model")) o.model = f.value();
+    else if (f.is("--provider")) o.provider = f.value();
+    else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(16);
+    else if (f.is("--runs")) o.runs = f.integer(1);
+    else if (f.is("--threads")) o.threads = f.integer(0);
+    else if (f.is("--max-tokens-per-step")) o.max_tokens_per_step = f.integer(1);
+    else if (f.is("--transfer-iters")) o.transfer_iters = f.integer(1);
+    else if (f.is("--json")) o.json = f.value();
+    else if (f.is("--keep-model")) o.keep_model = true;
+    else f.unknown();
   }
   if (o.cleave.empty()) {
     std::error_code ec;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cleave/engine/cpu_kernels.h"
+#include "bench_flags.h"
 #include "copy_bandwidth.h"
 
 namespace {
@@ -48,28 +49,21 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   int threads = 0, rounds = 5;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        fmt::print(stderr, "kernel_bench: {} needs a value\n", a);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--threads") {
-      threads = std::atoi(value().c_str());
-    } else if (a == "--rounds") {
-      rounds = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--isa") {
-      std::string isa = value();
+  cleave::bench::BenchFlags f("kernel_bench",
+                              "usage: kernel_bench [--threads N] [--rounds R] [--isa avx2|generic]",
+                              argc, argv);
+  while (f.next()) {
+    if (f.is("--threads")) {
+      threads = static_cast<int>(f.integer(0));
+    } else if (f.is("--rounds")) {
+      rounds = static_cast<int>(f.integer(1));
+    } else if (f.is("--isa")) {
+      const std::string isa = f.value();
       if (!cleave::cpu::set_kernel_isa(isa)) {
-        fmt::print(stderr, "kernel_bench: kernel set '{}' is unknown or unsupported here\n", isa);
-        return 2;
+        f.fail(fmt::format("kernel set '{}' is unknown or unsupported here", isa));
       }
     } else {
-      fmt::print(stderr, "usage: kernel_bench [--threads N] [--rounds R] [--isa avx2|generic]\n");
-      return 2;
+      f.unknown();
     }
   }
   cleave::ThreadPool pool(threads, "bench");

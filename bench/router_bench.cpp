@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_flags.h"
 #include "bench_json.h"
 #include "cleave/engine/sampler.h"
 #include "cleave/v1/inference.grpc.pb.h"
@@ -83,51 +84,34 @@ struct Options {
   bool skip_streams = false;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  if (!problem.empty()) fmt::print(stderr, "router_bench: {}\n", problem);
-  fmt::print(stderr,
-             "usage: router_bench [--cleave PATH] [--model FILE] [--requests N] [--warmup W] "
-             "[--max-tokens M] [--prompt-tokens P] [--streams C] [--stream-tokens T] "
-             "[--workers K] [--worker-threads X] [--kv-cache-bytes B] [--max-connecting Q] "
-             "[--deadline S] [--json FILE] [--skip-ttft] [--skip-streams]\n");
-  std::exit(2);
-}
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n < min)
-    usage(fmt::format("{} wants an integer >= {}, got '{}'", flag, min, v));
-  return n;
-}
+constexpr const char* kUsage =
+    "usage: router_bench [--cleave PATH] [--model FILE] [--requests N] [--warmup W] "
+    "[--max-tokens M] [--prompt-tokens P] [--streams C] [--stream-tokens T] "
+    "[--workers K] [--worker-threads X] [--kv-cache-bytes B] [--max-connecting Q] "
+    "[--deadline S] [--json FILE] [--skip-ttft] [--skip-streams]";
 
 Options parse(int argc, char** argv) {
   Options o;
   bool model_given = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--cleave") o.cleave = value();
-    else if (a == "--model") { o.model = value(); model_given = true; }
-    else if (a == "--requests") o.requests = parse_int(a, value(), 1);
-    else if (a == "--warmup") o.warmup = parse_int(a, value(), 0);
-    else if (a == "--max-tokens") o.max_tokens = parse_int(a, value(), 1);
-    else if (a == "--prompt-tokens") o.prompt_tokens = parse_int(a, value(), 1);
-    else if (a == "--streams") o.streams = parse_int(a, value(), 1);
-    else if (a == "--stream-tokens") o.stream_tokens = parse_int(a, value(), 1);
-    else if (a == "--workers") o.workers = parse_int(a, value(), 1);
-    else if (a == "--worker-threads") o.worker_threads = parse_int(a, value(), 0);
-    else if (a == "--kv-cache-bytes") o.kv_cache_bytes = parse_int(a, value(), 1 << 20);
-    else if (a == "--max-connecting") o.max_connecting = parse_int(a, value(), 1);
-    else if (a == "--deadline") o.deadline_s = parse_int(a, value(), 1);
-    else if (a == "--json") o.json = value();
-    else if (a == "--skip-ttft") o.skip_ttft = true;
-    else if (a == "--skip-streams") o.skip_streams = true;
-    else if (a == "--help" || a == "-h") usage("");
-    else usage("unknown argument '" + a + "'");
+  cleave::bench::BenchFlags f("router_bench", kUsage, argc, argv);
+  while (f.next()) {
+    if (f.is("--cleave")) o.cleave = f.value();
+    else if (f.is("--model")) { o.model = f.value(); model_given = true; }
+    else if (f.is("--requests")) o.requests = f.integer(1);
+    else if (f.is("--warmup")) o.warmup = f.integer(0);
+    else if (f.is("--max-tokens")) o.max_tokens = f.integer(1);
+    else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(1);
+    else if (f.is("--streams")) o.streams = f.integer(1);
+    else if (f.is("--stream-tokens")) o.stream_tokens = f.integer(1);
+    else if (f.is("--workers")) o.workers = f.integer(1);
+    else if (f.is("--worker-threads")) o.worker_threads = f.integer(0);
+    else if (f.is("--kv-cache-bytes")) o.kv_cache_bytes = f.integer(1 << 20);
+    else if (f.is("--max-connecting")) o.max_connecting = f.integer(1);
+    else if (f.is("--deadline")) o.deadline_s = f.integer(1);
+    else if (f.is("--json")) o.json = f.value();
+    else if (f.is("--skip-ttft")) o.skip_ttft = true;
+    else if (f.is("--skip-streams")) o.skip_streams = true;
+    else f.unknown();
   }
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
