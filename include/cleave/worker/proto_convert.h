@@ -35,4 +35,7 @@ void to_proto(const EngineEvent& ev, v1::TokenEvent* out);
 grpc::Status to_grpc(const Status& s);
 Status from_grpc(const grpc::Status& s);
 
+// Short status name for metrics labels ("OK", "UNAVAILABLE", ...).
+std::string_view grpc_code_name(grpc::StatusCode code);
+
 }  // namespace cleave

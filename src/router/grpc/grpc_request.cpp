@@ -130,10 +130,8 @@ openai::ApiResult<PreparedRequest> prepare_generate(const RouterFrontend& fronte
   openai::Endpoint endpoint{};
   auto body = openai_body_of(request, &endpoint);
   if (!body.ok()) return body.error();
-  auto prepared = endpoint == openai::Endpoint::kCompletions ? frontend.prepare_completion(*body)
-                                                             : frontend.prepare_chat(*body);
-  if (prepared.ok()) prepared->stream = true;
-  return prepared;
+  return endpoint == openai::Endpoint::kCompletions ? frontend.prepare_completion(*body)
+                                                    : frontend.prepare_chat(*body);
 }
 
 grpc::StatusCode grpc_code_of(const openai::ApiError& error) {

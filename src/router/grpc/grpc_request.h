@@ -22,7 +22,8 @@ namespace cleave::router {
 openai::ApiResult<std::string> openai_body_of(const v1::GenerateTextRequest& request,
                                               openai::Endpoint* endpoint);
 
-// The dispatches of `request` (validated as the HTTP API validates the same body).
+// The dispatches of `request` (validated as the HTTP API validates the same body); an Exchange
+// on the gRPC wire streams them.
 openai::ApiResult<PreparedRequest> prepare_generate(const RouterFrontend& frontend,
                                                     const v1::GenerateTextRequest& request);
 

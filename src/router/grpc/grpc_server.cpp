@@ -19,6 +19,7 @@
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
 #include "cleave/v1/inference.grpc.pb.h"
+#include "cleave/worker/proto_convert.h"
 #include "grpc/grpc_request.h"
 #include "http/exchange.h"
 #include "http/http_routes.h"
@@ -29,22 +30,6 @@ namespace {
 
 namespace net = boost::asio;
 using Clock = std::chrono::steady_clock;
-
-std::string_view code_name(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    default: return "OTHER";
-  }
-}
 
 std::string_view authorization_of(const grpc::CallbackServerContext* ctx) {
   const auto& md = ctx->client_metadata();
@@ -123,7 +108,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateTextRespo
       exchange_->cancel();
       exchange_->detach();
     }
-    server_.frontend.metrics().count_grpc("Generate", code_name(final_code_));
+    server_.frontend.metrics().count_grpc("Generate", grpc_code_name(final_code_));
     server_.active.fetch_sub(1, std::memory_order_relaxed);
     // `keep` goes last: a wake-up still queued on the output thread may hold the call too.
   }
@@ -153,23 +138,20 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateTextRespo
     });
     if (auto err = exchange_->start(server_.frontend.dispatcher())) {
       exchange_->detach();
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (finishing_) return;
-        finishing_ = true;
-      }
-      finish_now(*err);
+      finish_now(*err);  // unless a wake-up already answered it with the same failure
     }
   }
 
-  // Answers the call with `error` (nothing was written).
+  // Answers the call with `error` (nothing was written), unless it is already finishing.
   void finish_now(const openai::ApiError& error) {
+    grpc::Status status;
     {
       std::lock_guard<std::mutex> lk(mu_);
+      if (finishing_) return;
       finishing_ = true;
+      status = grpc_status_of(error, ctx_);
+      final_code_ = status.error_code();
     }
-    const grpc::Status status = grpc_status_of(error, ctx_);
-    final_code_ = status.error_code();
     Finish(status);
   }
 
@@ -268,7 +250,7 @@ class InferenceService final : public v1::Inference::CallbackService {
         card->set_max_model_len(len);
       }
     }
-    server_.frontend.metrics().count_grpc("ListModels", code_name(status.error_code()));
+    server_.frontend.metrics().count_grpc("ListModels", grpc_code_name(status.error_code()));
     reactor->Finish(status);
     return reactor;
   }

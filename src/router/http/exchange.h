@@ -32,7 +32,7 @@
 
 #include "cleave/router/dispatcher.h"
 #include "cleave/router/openai_error.h"
-#include "cleave/router/openai_stream.h"
+#include "cleave/router/openai_response.h"
 #include "cleave/router/router_frontend.h"
 #include "cleave/v1/inference.pb.h"
 
@@ -62,8 +62,8 @@ struct ExchangeOutput {
   bool cancel_dispatches = false;         // dispatches still run after a failure: cancel()
 };
 
-// The wire a streaming exchange writes: SSE for the HTTP API, GenerateTextResponse messages for the
-// gRPC API (always streaming).
+// The wire a streaming exchange writes: SSE for the HTTP API, GenerateTextResponse messages
+// for the gRPC API (always streaming).
 enum class ExchangeWire : uint8_t { kHttp, kGrpc };
 
 // How a streaming exchange writes its output. Called under the exchange's mutex; no I/O.

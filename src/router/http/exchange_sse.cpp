@@ -1,6 +1,7 @@
 // The HTTP API's stream: SSE chunks (openai_stream.h) into a pending buffer.
 #include <span>
 
+#include "cleave/router/openai_stream.h"
 #include "exchange.h"
 
 namespace cleave::router {
