@@ -386,10 +386,7 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
                            before_min ? std::span<const int32_t>(r.end_ids)
                                       : std::span<const int32_t>());
   ev.token = ev.sample.token;
-  if (!r.queue_reported) {
-    r.queue_reported = true;
-    ev.queue_seconds = r.queue_seconds;
-  }
+  if (r.generated == 0) ev.queue_seconds = r.queue_seconds;  // the first token it samples
   r.generated = static_cast<int64_t>(generated.size()) + 1;
   ++local_stats_.tokens_generated;
 

@@ -22,7 +22,6 @@ struct EngineLoop::RequestState {
   int64_t cached_prompt_tokens = -1;  // set at the first admission
   std::chrono::steady_clock::time_point submitted;  // submit() was called
   double queue_seconds = -1;  // submit() to the first step that computed it (first admission)
-  bool queue_reported = false;  // queue_seconds went out on the first token's event
   int64_t generated = 0;
   // kv_export (prefill side): positions below export_from have been handed to the sink.
   std::shared_ptr<KvExportSink> sink;

@@ -118,8 +118,9 @@ struct EngineEvent {
   // A kv_export request that ended after its first token because generation continues on the
   // decode worker (finish_reason is kLength then and means nothing).
   bool handoff = false;
-  // On the request's first event with a token: seconds from its submit() to the start of the
-  // first engine step that computed it (its wait in this engine's queue); -1 on other events.
+  // On the first token this engine samples for a request it computes from its prompt: seconds
+  // from its submit() to the start of the first engine step that computed it (its wait in this
+  // engine's queue); -1 on other events (and on every event of a prefilled request).
   double queue_seconds = -1;
 };
 using EngineEventCallback = std::function<void(const EngineEvent&)>;

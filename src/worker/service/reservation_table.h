@@ -60,7 +60,7 @@ class ReservationTable {
   // the entry is gone.
   std::optional<Taken> poll(RequestId id, const Claim& claim, bool give_up);
   // Called after every change a poll() may see (a notice, a release, shutdown), outside the
-  // table's lock; set once, before any claim.
+  // table's lock; set before any claim, cleared (nullptr) before its target goes.
   void set_listener(std::function<void()> listener);
 
   // Release / Abort: removes the entry (a waiting Decode sees kReleased). false when none.

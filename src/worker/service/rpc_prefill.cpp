@@ -13,12 +13,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr std::chrono::seconds kCancelGrace{10};
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // The pairing check on the message's raw fields, before anything is parsed, so that a layout
 // this build cannot represent is still refused as a mismatch that names the field.
 std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) {

@@ -11,14 +11,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a cancelled request may take to deliver its finished event before the call stops
-// waiting for it (the engine answers a cancel within one step; this guards a stuck engine).
-constexpr std::chrono::seconds kCancelGrace{10};
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 }  // namespace
 
 class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
@@ -130,13 +122,14 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
       if (action == Action::kWriteLast || action == Action::kFinish) {
         finishing_ = true;
         final_ = action == Action::kWriteLast ? grpc::Status::OK : status;
-        if (action == Action::kFinish && next_ < taking_.size()) taking_.clear();
       }
     }
     switch (action) {
       case Action::kNone: break;
       case Action::kWrite: StartWrite(&msg_); break;
-      case Action::kWriteLast: StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK); break;
+      case Action::kWriteLast:
+        StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+        break;
       case Action::kFinish: Finish(status); break;
     }
   }

@@ -24,6 +24,13 @@ namespace cleave::worker_service {
 
 // How often a handler that waits checks whether its client has gone.
 inline constexpr std::chrono::milliseconds kCancelPoll{20};
+// How long a cancelled request may take to deliver its last event before its RPC stops waiting
+// for it (the engine answers a cancel within one step; this guards a stuck engine).
+inline constexpr std::chrono::seconds kCancelGrace{10};
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 struct WorkerCore {
   Config config;
@@ -109,8 +116,6 @@ class WorkerRpcs final : public WorkerServiceBase {
   TokenStreamPump& pump_;
 };
 
-// Short status name for metrics labels ("OK", "UNAVAILABLE", ...).
-std::string_view grpc_code_name(grpc::StatusCode code);
 
 
 }  // namespace cleave::worker_service
