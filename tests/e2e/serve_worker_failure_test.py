@@ -52,14 +52,20 @@ class ServeWorkerFailureTest(unittest.TestCase):
         workers = serve.workers()
         self.assertEqual(sorted(w for w in workers if workers[w][0] == "decode"),
                          ["decode-0", "decode-1"])
-        victim_pid = workers["decode-0"][1]
+        # /health needs one ready worker per pool; round_robin over both needs both ready.
+        ready_until = time.monotonic() + 30
+        while serve.metric("cleave:pool_workers_ready", pool="decode") != 2:
+            self.assertLess(time.monotonic(), ready_until, "both decode workers never got ready")
+            time.sleep(0.05)
         import grpc
         stubs_dir = tempfile.TemporaryDirectory(prefix="cleave-worker-stubs-")
         self.addCleanup(stubs_dir.cleanup)
         worker_pb2, worker_pb2_grpc = h.grpc_stubs(stubs_dir.name, "worker")
-        victim_channel = grpc.insecure_channel(workers["decode-0"][2])
-        self.addCleanup(victim_channel.close)
-        victim = worker_pb2_grpc.WorkerStub(victim_channel)
+        decoders = {}
+        for wid in ("decode-0", "decode-1"):
+            channel = grpc.insecure_channel(workers[wid][2])
+            self.addCleanup(channel.close)
+            decoders[wid] = worker_pb2_grpc.WorkerStub(channel)
         streams_started = threading.Semaphore(0)
 
         def one(i, max_tokens):
@@ -130,9 +136,18 @@ class ServeWorkerFailureTest(unittest.TestCase):
             # Polled from the moment the requests go out: waiting for a first token before polling
             # once let the victim's streams end unseen on a loaded CI run.
             running_until = time.monotonic() + BOUND_S
-            while victim.GetLoad(worker_pb2.GetLoadRequest(), timeout=10).running < 1:
-                self.assertLess(time.monotonic(), running_until, "the victim never ran a stream")
-                time.sleep(0.005)
+            # The victim is the first decode worker seen decoding.
+            victim_id = None
+            while victim_id is None:
+                for wid, stub in decoders.items():
+                    if stub.GetLoad(worker_pb2.GetLoadRequest(), timeout=10).running >= 1:
+                        victim_id = wid
+                        break
+                else:
+                    self.assertLess(time.monotonic(), running_until,
+                                    "no decode worker ever ran a stream")
+                    time.sleep(0.005)
+            victim_pid = workers[victim_id][1]
             os.kill(victim_pid, signal.SIGKILL)
             kill_time = time.monotonic()
             after = [pool.submit(one, 100000 + i, 32) for i in range(AFTER)]
@@ -164,16 +179,16 @@ class ServeWorkerFailureTest(unittest.TestCase):
         deadline = time.monotonic() + 30
         while True:
             w = serve.workers()
-            restarted = w["decode-0"][1] != victim_pid
+            restarted = w[victim_id][1] != victim_pid
             ready = serve.metric("cleave:pool_workers_ready", pool="decode")
             if restarted and ready == 2:
                 break
             if time.monotonic() > deadline:
-                self.fail(f"decode-0 not back: restarted={restarted}, decode ready={ready}\n"
+                self.fail(f"{victim_id} not back: restarted={restarted}, decode ready={ready}\n"
                           + "\n".join(serve.stdout_lines()))
             time.sleep(0.2)
-        self.assertEqual(w["decode-0"][2], workers["decode-0"][2])
-        self.assertTrue(any(line.startswith(f"worker decode decode-0 pid {victim_pid} exited")
+        self.assertEqual(w[victim_id][2], workers[victim_id][2])
+        self.assertTrue(any(line.startswith(f"worker decode {victim_id} pid {victim_pid} exited")
                             for line in serve.stdout_lines()))
         r = client.completions.create(model=model, prompt="", max_tokens=200, temperature=0)
         self.assertEqual(r.choices[0].text, h.golden_text())
