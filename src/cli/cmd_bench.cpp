@@ -17,7 +17,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   struct Args {
     std::string provider = "tcp;ofi_rxm";
     std::string sizes = "4KiB,64KiB,1MiB,4MiB";
-    int64_t iters = 200, rails = 1, window = 64;
+    int64_t iters = 200, rails = 1, window = 64, rounds = 3;
     std::string json, role = "initiator";
     uint64_t region_bytes = 0;
     bool delivery_complete = true;
@@ -28,11 +28,14 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--iters", a->iters, "writes per size")->check(CLI::PositiveNumber);
   cmd->add_option("--rails", a->rails, "rails (endpoints) of the engine")->check(CLI::Range(1, 64));
   cmd->add_option("--window", a->window, "writes in flight")->check(CLI::PositiveNumber);
+  cmd->add_option("--rounds", a->rounds,
+                  "rounds of (ours, then raw) at every size; each figure is the median")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--delivery-complete", a->delivery_complete,
                   "post both ours and the raw loop's writes with FI_DELIVERY_COMPLETE (true, the "
                   "engine's default) or with the provider's default completion (false)");
   cmd->add_option("--json", a->json, "also write the results as a JSON list to FILE");
-  cmd->add_option("--role", a->role, "internal: initiator or target")->group("");
+  cmd->add_option("--role", a->role, "internal: initiator, round or target")->group("");
   cmd->add_option("--region-bytes", a->region_bytes, "internal: target region size")->group("");
   cmd->callback([a, exit_code] {
     using namespace cleave::transfer;
@@ -52,8 +55,13 @@ void add_bench_command(CLI::App& app, int* exit_code) {
     o.iters = a->iters;
     o.rails = a->rails;
     o.window = a->window;
+    o.rounds = a->rounds;
     o.delivery_complete = a->delivery_complete;
     o.target_command = {"/proc/self/exe", "bench", "transfer"};
+    if (a->role == "round") {
+      *exit_code = run_transfer_bench_round(o);
+      return;
+    }
     auto rows = run_transfer_bench(o);
     if (!rows.ok()) {
       std::cerr << "cleave bench transfer: " << rows.status().to_string() << "\n";
@@ -61,16 +69,17 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       return;
     }
     nlohmann::json j = nlohmann::json::array();
-    std::printf("%-14s %12s %10s %10s %10s %10s %7s  (delivery_complete=%s on both sides)\n",
+    std::printf("%-14s %12s %10s %10s %10s %10s %7s  (delivery_complete=%s on both sides; medians of %ld rounds)\n",
                 "provider", "size_bytes", "GB/s", "p50_us", "p99_us", "raw_GB/s", "ratio",
-                o.delivery_complete ? "true" : "false");
+                o.delivery_complete ? "true" : "false", static_cast<long>(o.rounds));
     for (const auto& r : *rows) {
       std::printf("%-14s %12lu %10.3f %10.1f %10.1f %10.3f %7.3f\n", r.provider.c_str(),
                   static_cast<unsigned long>(r.size_bytes), r.gbps, r.p50_us, r.p99_us, r.raw_gbps,
                   r.ratio);
       j.push_back({{"provider", r.provider}, {"size_bytes", r.size_bytes}, {"gbps", r.gbps},
                    {"p50_us", r.p50_us}, {"p99_us", r.p99_us}, {"raw_gbps", r.raw_gbps},
-                   {"ratio", r.ratio}, {"delivery_complete", o.delivery_complete}});
+                   {"ratio", r.ratio}, {"rounds", r.rounds},
+                   {"delivery_complete", o.delivery_complete}});
     }
     if (!a->json.empty()) {
       std::ofstream f(a->json);

@@ -290,7 +290,8 @@ void register_settings(Config& c, SettingsRegistry& r) {
   r.add_bool("transfer.delivery_complete", &c.transfer.delivery_complete,
              "Post writes with FI_DELIVERY_COMPLETE where the provider accepts it.");
   r.add_bool("transfer.hmem", &c.transfer.hmem,
-             "Ask for FI_HMEM (GPU memory registration) when built with CUDA.");
+             "Ask for FI_HMEM (GPU memory registration) when built with CUDA; costs shm its "
+             "single-copy (CMA) path, so only for KV in GPU memory.");
   r.add_int("transfer.idle_poll_us", &c.transfer.idle_poll_us,
             "Microseconds a rail keeps polling after its last activity before it naps (shm: "
             "targets complete incoming writes only while polling).", 0, 10000000);

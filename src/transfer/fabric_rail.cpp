@@ -14,6 +14,9 @@ namespace cleave::transfer {
 
 namespace {
 
+// How long after a waiter's last progress pass the rail's own thread keeps backing off.
+constexpr std::chrono::microseconds kDriverGrace{100};
+
 int64_t steady_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
@@ -321,6 +324,7 @@ void FabricRail::run() {
   while (!stop_.load(std::memory_order_relaxed)) {
     int n;
     bool busy;
+    Clock::time_point last_activity;
     uint64_t epoch = work_epoch_.load();
     {
       std::lock_guard<std::timed_mutex> lock(progress_mu_);
@@ -338,11 +342,29 @@ void FabricRail::run() {
           last_activity_ = Clock::now();
         }
       }
+      if (n > 0) last_activity_ = Clock::now();
+      last_activity = last_activity_;
     }
     auto now = Clock::now();
-    if (n > 0) {
-      idle_passes = 0;
-      last_activity_ = now;
+    if (n > 0) idle_passes = 0;
+    // A waiter drives this rail (TransferHandle::wait): leave the polling to it and only look in
+    // now and then (for reopens and for the moment it stops). On a machine with few cores a
+    // second poller would take CPU time from the data movement itself.
+    if (steady_ns(now) - driven_at_ns_.load(std::memory_order_relaxed) <
+        std::chrono::nanoseconds(kDriverGrace).count()) {
+      std::unique_lock<std::mutex> lock(sleep_mu_);
+      sleep_cv_.wait_for(lock, kDriverGrace, [&] { return wake_pending_ || stop_.load(); });
+      wake_pending_ = false;
+      continue;
+    }
+    if (n > 0) continue;
+    // Poll hot for a while after the last activity (posted or completed operation, received
+    // notice): with operations in flight, because providers with manual progress (tcp, shm)
+    // move data only while somebody polls; and on a CQ without a wait object even when idle,
+    // because a peer's next write usually follows soon and shm completes writes into this
+    // process only while it polls.
+    if ((busy || !cq_waitable_) && now - last_activity < hot_window) {
+      std::this_thread::yield();
       continue;
     }
     if (busy && ++idle_passes < 64) {
@@ -350,13 +372,6 @@ void FabricRail::run() {
       continue;
     }
     idle_passes = 0;
-    // Poll hot for a while after the last activity (posted or completed operation, received
-    // notice): a peer's next write usually follows soon, and providers with manual progress
-    // (shm) complete writes into this process only while it polls.
-    if (!cq_waitable_ && now - last_activity_ < hot_window) {
-      std::this_thread::yield();
-      continue;
-    }
     sleeping_.store(true);
     if (work_epoch_.load() != epoch) {
       sleeping_.store(false);

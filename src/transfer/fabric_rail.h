@@ -87,7 +87,9 @@ class FabricRail {
   // never blocks on a rail whose progress is stuck inside the provider). Work given to a rail
   // already declared stuck fails at once.
   void enqueue(std::vector<RailWork>&& work);
-  // One progress pass if the progress lock is free; returns the events handled (0 if busy).
+  // One progress pass if the progress lock is free; returns the events handled (-1 if busy).
+  // Called by threads that wait for a transfer: while one does, the rail's own thread backs off
+  // (naps instead of polling), so that two pollers do not share the CPU the data movement needs.
   int try_progress();
   uint64_t max_msg_size() const { return max_msg_size_; }
   int index() const { return index_; }
@@ -156,6 +158,7 @@ class FabricRail {
 
   mutable std::timed_mutex progress_mu_;
   std::atomic<int64_t> held_since_ns_{0};  // steady clock of the current holder's start; 0: free
+  std::atomic<int64_t> driven_at_ns_{0};   // steady clock of the last try_progress() pass
   std::unique_ptr<RailEndpoint> ep_;        // null while out of service
   uint64_t remote_writes_seen_ = 0;
   bool cq_waitable_ = false;

@@ -26,8 +26,11 @@ bool is_connection_error(int err) {
 
 int FabricRail::try_progress() {
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return 0;
+  if (!lock.owns_lock()) return -1;
   Held held(this);
+  driven_at_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          Clock::now().time_since_epoch()).count(),
+                      std::memory_order_relaxed);
   return progress_once();
 }
 

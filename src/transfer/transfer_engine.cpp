@@ -130,10 +130,15 @@ struct TransferEngine::Impl : ProgressDriver {
     return rails_view;
   }
 
-  int drive_progress() override {
-    int n = 0;
-    for (auto& r : *rails_now()) n += r->try_progress();
-    return n;
+  Pass drive_progress() override {
+    Pass p;
+    for (auto& r : *rails_now()) {
+      int n = r->try_progress();
+      if (n < 0) continue;
+      p.events += n;
+      ++p.rails;
+    }
+    return p;
   }
 
   // A rail whose progress lock one holder has kept for this long is stuck inside the provider.

@@ -81,9 +81,13 @@ struct PeerRecord {
 // until a progress thread hands the completion over (implemented by the engine).
 class ProgressDriver {
  public:
+  struct Pass {
+    int events = 0;  // completions handled
+    int rails = 0;   // rails whose progress lock was free (the others are driven by somebody)
+  };
   virtual ~ProgressDriver() = default;
-  // One pass over every rail whose progress lock is free; returns the events handled.
-  virtual int drive_progress() = 0;
+  // One pass over every rail whose progress lock is free.
+  virtual Pass drive_progress() = 0;
 };
 
 }  // namespace cleave::transfer

@@ -90,37 +90,40 @@ std::optional<Status> TransferHandle::poll() const {
   return state_->status;
 }
 
-// The waiter drives progress itself while completions keep coming (no hand-off from the
-// progress thread, no wake-up latency), spins a little after the last event, and then sleeps on
-// the transfer's condition variable in short slices (the rail threads finish it meanwhile).
+// The waiter drives progress itself (no hand-off from the progress thread, no wake-up latency)
+// and keeps polling while completions keep coming: providers with manual progress (tcp, shm)
+// move data only while somebody polls, and the rail's own thread backs off meanwhile, so that
+// one thread polls. After kHot without a completion, or when every rail is driven by somebody
+// else, it sleeps on the transfer's condition variable in short slices, driving a pass after
+// each (the rail threads finish the transfer meanwhile).
 Status TransferHandle::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return FailedPrecondition("wait() on an empty transfer handle");
   TransferState& s = *state_;
   const bool forever = timeout == std::chrono::milliseconds::max();
   const auto deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
-  constexpr auto kSpin = std::chrono::microseconds(200);
+  constexpr auto kHot = std::chrono::milliseconds(2);
+  constexpr auto kShared = std::chrono::microseconds(200);
   constexpr auto kNap = std::chrono::milliseconds(1);
   auto last_event = Clock::now();
+  auto last_drive = last_event;
   while (!s.is_done()) {
-    int n = s.driver ? s.driver->drive_progress() : 0;
+    ProgressDriver::Pass pass = s.driver ? s.driver->drive_progress() : ProgressDriver::Pass{};
     if (s.is_done()) break;
     auto now = Clock::now();
-    if (n > 0) {
-      last_event = now;
-      continue;
-    }
+    if (pass.events > 0) last_event = now;
+    if (pass.rails > 0) last_drive = now;
     if (now >= deadline) {
       return DeadlineExceeded(fmt::format("transfer of {} bytes still in flight after {} ms",
                                           s.bytes, timeout.count()));
     }
-    if (now - last_event < kSpin) {
+    if (now - last_event < kHot && now - last_drive < kShared) {
       std::this_thread::yield();
       continue;
     }
     std::unique_lock<std::mutex> lock(s.mu);
     auto until = std::min(deadline, now + kNap);
     s.cv.wait_until(lock, until, [&] { return s.done; });
-    last_event = Clock::now() - kSpin / 2;  // poll a little after each nap
+    last_event = last_drive = Clock::now() - kHot / 2;  // poll a little after each nap
   }
   std::lock_guard<std::mutex> lock(s.mu);
   return s.status;

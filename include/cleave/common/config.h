@@ -111,8 +111,10 @@ struct TransferSettings {
   // Post writes with FI_DELIVERY_COMPLETE when the provider accepts it (the notice is always
   // sent only after every write of its batch has completed).
   bool delivery_complete = true;
-  // Ask for FI_HMEM (GPU memory registration) when built with CUDA.
-  bool hmem = true;
+  // Ask for FI_HMEM (registration of GPU memory) when built with CUDA. Off by default: the KV
+  // pool is host memory, and FI_HMEM costs some providers their fastest host path (shm turns
+  // off its single-copy CMA transfers and falls back to copying through bounce buffers).
+  bool hmem = false;
   // A rail's progress thread keeps polling (instead of napping ~100 us) for this many
   // microseconds after its last activity, on providers whose CQ has no wait object (shm): a
   // target completes incoming writes only while it polls. 0 = always nap when idle.

@@ -17,6 +17,9 @@ struct TransferBenchOptions {
   int64_t iters = 200;
   int64_t rails = 1;
   int64_t window = 64;  // writes in flight
+  // Rounds of (ours at every size, then raw at every size), each in fresh processes; every
+  // figure is the median over the rounds (p50/p99: the medians of the rounds' percentiles).
+  int64_t rounds = 3;
   // Completion semantics of both ours and the raw loop (the same on both sides, for a fair
   // ratio): FI_DELIVERY_COMPLETE, or the provider's default completion.
   bool delivery_complete = true;
@@ -27,10 +30,14 @@ struct TransferBenchOptions {
 struct TransferBenchRow {
   std::string provider;
   uint64_t size_bytes = 0;
+  int64_t rounds = 0;
   double gbps = 0, p50_us = 0, p99_us = 0, raw_gbps = 0, ratio = 0;
 };
 
 Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOptions& opts);
+// The round role: one round (ours at every size, then raw) in this process with its own
+// target; prints a ROW line per size and END. Returns the process exit code.
+int run_transfer_bench_round(const TransferBenchOptions& opts);
 // The target role: prints its addresses on stdout and serves until stdin closes. Returns the
 // process exit code.
 int run_transfer_bench_target(const std::string& provider, int64_t rails, uint64_t region_bytes);

@@ -167,10 +167,10 @@ int run_transfer_bench_target(const std::string& provider, int64_t rails, uint64
   return 0;
 }
 
-Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOptions& o) {
-  if (o.sizes.empty() || o.iters < 1 || o.window < 1) {
-    return InvalidArgument("bench: need at least one size, --iters >= 1 and --window >= 1");
-  }
+namespace {
+
+// One round in this process: ours at every size, then (with our engine gone) the raw loop.
+Result<std::vector<TransferBenchRow>> run_round(const TransferBenchOptions& o) {
   const uint64_t max_size = *std::max_element(o.sizes.begin(), o.sizes.end());
   TargetProcess target;
   std::vector<std::string> argv = o.target_command;
@@ -247,6 +247,85 @@ Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOpti
   }
   target.send("RAW OFF");
   (void)target.expect("ACK");
+  return rows;
+}
+
+std::vector<std::string> round_argv(const TransferBenchOptions& o) {
+  std::vector<std::string> argv = o.target_command;
+  for (std::string a : {"--role", "round", "--provider", o.provider.c_str()}) argv.push_back(a);
+  std::string sizes;
+  for (uint64_t size : o.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(size);
+  for (const std::string& a :
+       {std::string("--sizes"), sizes, std::string("--iters"), std::to_string(o.iters),
+        std::string("--rails"), std::to_string(o.rails), std::string("--window"),
+        std::to_string(o.window), std::string("--delivery-complete"),
+        std::string(o.delivery_complete ? "true" : "false")}) {
+    argv.push_back(a);
+  }
+  return argv;
+}
+
+}  // namespace
+
+int run_transfer_bench_round(const TransferBenchOptions& o) {
+  auto rows = run_round(o);
+  if (!rows.ok()) {
+    std::fprintf(stderr, "bench round: %s\n", rows.status().to_string().c_str());
+    return 1;
+  }
+  for (const auto& r : *rows) {
+    std::cout << fmt::format("ROW {} {} {} {} {} {}\n", r.provider, r.size_bytes, r.gbps, r.p50_us,
+                             r.p99_us, r.raw_gbps);
+  }
+  std::cout << "END ok" << std::endl;
+  return 0;
+}
+
+// Each round runs in a fresh pair of processes (an initiator and its target): shm in libfabric
+// 1.17 crashes when a process's endpoints towards one peer are closed and opened again, or when
+// two endpoint pairs between the same processes take turns. Each figure is the median over the
+// rounds, so that ours and raw see the same machine (other load, clock, page cache) on average.
+Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOptions& o) {
+  if (o.sizes.empty() || o.iters < 1 || o.window < 1 || o.rounds < 1) {
+    return InvalidArgument(
+        "bench: need at least one size, --iters >= 1, --window >= 1 and --rounds >= 1");
+  }
+  const size_t n = o.sizes.size();
+  std::vector<std::vector<double>> gbps(n), raw(n), p50(n), p99(n);
+  std::string provider;
+  for (int64_t round = 0; round < o.rounds; ++round) {
+    TargetProcess child;  // the round's initiator (it starts its own target)
+    CLEAVE_RETURN_IF_ERROR(child.start(round_argv(o)));
+    for (size_t k = 0; k < n; ++k) {
+      CLEAVE_ASSIGN_OR_RETURN(std::string line, child.expect("ROW"));
+      char prov[64] = {0};
+      unsigned long size = 0;
+      double g = 0, a = 0, b = 0, r = 0;
+      if (std::sscanf(line.c_str(), "%63s %lu %lf %lf %lf %lf", prov, &size, &g, &a, &b, &r) != 6 ||
+          size != o.sizes[k]) {
+        return Internal(fmt::format("bench: round {} printed an unexpected row '{}'", round, line));
+      }
+      provider = prov;
+      gbps[k].push_back(g);
+      p50[k].push_back(a);
+      p99[k].push_back(b);
+      raw[k].push_back(r);
+    }
+    CLEAVE_RETURN_IF_ERROR(child.expect("END").status());
+  }
+  std::vector<TransferBenchRow> rows;
+  for (size_t k = 0; k < n; ++k) {
+    TransferBenchRow row;
+    row.provider = provider;
+    row.size_bytes = o.sizes[k];
+    row.rounds = o.rounds;
+    row.gbps = percentile(gbps[k], 0.5);
+    row.raw_gbps = percentile(raw[k], 0.5);
+    row.p50_us = percentile(p50[k], 0.5);
+    row.p99_us = percentile(p99[k], 0.5);
+    row.ratio = row.raw_gbps > 0 ? row.gbps / row.raw_gbps : 0;
+    rows.push_back(row);
+  }
   return rows;
 }
 
