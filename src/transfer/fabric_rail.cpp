@@ -112,6 +112,7 @@ Status FabricRail::open_endpoint() {
   if (!ep.ok()) return ep.status();
   ep_ = std::move(ep).value();
   cq_waitable_ = ep_->waitable();
+  wake_peers_ = !ep_->counts_remote_writes();
   {
     std::lock_guard<std::mutex> nlock(name_mu_);
     name_ = ep_->name();
@@ -161,6 +162,8 @@ void FabricRail::reopen() {
     free_op(op);
   }
   inflight_.clear();
+  for (OpContext* op : wakes_inflight_) free_op(op);
+  wakes_inflight_.clear();
   writes_inflight_ = 0;
   peer_inflight_.clear();
   eagain_since_.clear();
@@ -359,11 +362,11 @@ void FabricRail::run() {
     }
     if (n > 0) continue;
     // Poll hot for a while after the last activity (posted or completed operation, received
-    // notice): with operations in flight, because providers with manual progress (tcp, shm)
-    // move data only while somebody polls; and on a CQ without a wait object even when idle,
-    // because a peer's next write usually follows soon and shm completes writes into this
-    // process only while it polls.
-    if ((busy || !cq_waitable_) && now - last_activity < hot_window) {
+    // notice or wake-up, writes into this process where the provider counts them): providers
+    // with manual progress (tcp, shm) move data only while somebody polls, a peer's next write
+    // usually follows soon, and a target asleep in fi_cq_sread costs every sender's segment a
+    // wake-up.
+    if (now - last_activity < hot_window) {
       std::this_thread::yield();
       continue;
     }

@@ -22,6 +22,10 @@ struct NoticeWire {
   uint64_t tag;
 };
 inline constexpr uint64_t kNoticeMagic = 0x31454349544f4e43ull;  // "CNOTICE1"
+// A wake-up: "writes follow", so that a target whose provider reports no incoming writes
+// (no FI_RMA_EVENT: tcp, verbs) polls hot for transfer.idle_poll_us instead of sleeping in
+// fi_cq_sread, where every segment that arrives costs the sender a wake-up of the target.
+inline constexpr uint64_t kWakeMagic = 0x3150554b41574343ull;  // "CCWAKUP1"
 
 // Memory that posted operations point at: the notice buffers with their registrations and every
 // operation context. It lives as long as any endpoint that may still use it, which is the whole
@@ -57,6 +61,13 @@ struct RailStorage {
 // whose posts stay refused, or whose operations see no completion, for completion_timeout_ms
 // fails its transfers and is marked unreachable. A batch's notice is posted only after every
 // one of its writes completed.
+//
+// Polling: one thread polls at a time. A waiter (TransferHandle::wait) drives the rail through
+// try_progress() while its transfer runs, and the rail's own thread steps aside meanwhile;
+// otherwise the rail's thread polls hot for transfer.idle_poll_us after its last activity and
+// then sleeps. Where the endpoint counts no incoming writes (no FI_RMA_EVENT: tcp, verbs), a
+// small wake-up message goes to a peer ahead of our writes (at most one per half hot window),
+// so that the peer polls hot instead of sleeping in fi_cq_sread while the data arrives.
 class FabricRail {
  public:
   // `port` is this rail's view of its domain (make_libfabric_port, or a fake in tests);
@@ -87,6 +98,9 @@ class FabricRail {
   // never blocks on a rail whose progress is stuck inside the provider). Work given to a rail
   // already declared stuck fails at once.
   void enqueue(std::vector<RailWork>&& work);
+  // Like enqueue(), but a rail declared stuck refuses the work (returns false, `work` left as
+  // it was) so that the caller can hand it to the rail's replacement.
+  bool try_enqueue(std::vector<RailWork>& work);
   // One progress pass if the progress lock is free; returns the events handled (-1 if busy).
   // Called by threads that wait for a transfer: while one does, the rail's own thread backs off
   // (naps instead of polling), so that two pollers do not share the CPU the data movement needs.
@@ -114,6 +128,7 @@ class FabricRail {
     std::weak_ptr<PeerRecord> peer;
     std::string name;
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    Clock::time_point woken;  // when the last wake-up went to this peer
   };
 
   // fabric_rail.cpp
@@ -131,6 +146,9 @@ class FabricRail {
   void post_ready();
   void post_deferred_notices();
   void send_notice_now(const std::shared_ptr<TransferState>& t);
+  // Sends `slot` a wake-up unless one went out within half the hot window (or no send slot
+  // is free: a wake-up is only a hint).
+  void maybe_wake(PeerSlot& slot, Clock::time_point now);
   Status post_recv(int slot);
   OpContext* new_op();
   void free_op(OpContext* op);
@@ -162,6 +180,7 @@ class FabricRail {
   std::unique_ptr<RailEndpoint> ep_;        // null while out of service
   uint64_t remote_writes_seen_ = 0;
   bool cq_waitable_ = false;
+  bool wake_peers_ = false;  // the endpoint does not count incoming writes: peers need wake-ups
   mutable std::mutex name_mu_;  // guards name_ (readable while the rail is stuck)
   std::string name_;
   size_t depth_ = 0;
@@ -192,6 +211,7 @@ class FabricRail {
   std::deque<std::shared_ptr<TransferState>> deferred_notices_;
   std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
   std::unordered_set<OpContext*> inflight_;
+  std::unordered_set<OpContext*> wakes_inflight_;  // wake-ups (no transfer behind them)
   std::vector<OpContext*> abandoned_;  // timed out, never completed by the provider
   std::unordered_map<PeerRecord*, Clock::time_point> last_completion_;
   size_t writes_inflight_ = 0;

@@ -75,6 +75,7 @@ class LibfabricEndpoint final : public RailEndpoint {
   void signal() override { fi_cq_signal(cq_); }
 
   uint64_t remote_writes() override { return remote_writes_ ? fi_cntr_read(remote_writes_) : 0; }
+  bool counts_remote_writes() const override { return remote_writes_ != nullptr; }
 
  private:
   fid_ep* ep_ = nullptr;

@@ -25,12 +25,14 @@ bool is_connection_error(int err) {
 }  // namespace
 
 int FabricRail::try_progress() {
-  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
-  if (!lock.owns_lock()) return -1;
-  Held held(this);
+  // Stamped before the attempt: a waiter that finds the lock taken by the rail's own thread
+  // makes that thread step aside, so that the waiter gets the next pass.
   driven_at_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
                           Clock::now().time_since_epoch()).count(),
                       std::memory_order_relaxed);
+  std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return -1;
+  Held held(this);
   return progress_once();
 }
 
@@ -56,6 +58,8 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
       if (wire.magic == kNoticeMagic) {
         metrics_->add_notice_received();
         on_notice_(Notice{wire.from_engine, wire.tag});
+      } else if (wire.magic == kWakeMagic) {
+        // Writes follow: handling this completion made the pass count as activity.
       } else {
         log::warn("transfer rail {}: dropped a message that is not a notice", index_);
       }
@@ -64,6 +68,13 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
       Status s = post_recv(op->slot);
       if (!s.ok()) log::error("transfer rail {}: {}", index_, s.message());
     }
+    return;
+  }
+  if (op->kind == OpContext::Kind::kWake) {
+    // Only a hint: an error (the peer is gone) shows up on the writes that follow.
+    if (wakes_inflight_.erase(op) == 0) return;  // released by a reopen
+    free_send_slots_.push_back(op->slot);
+    free_op(op);
     return;
   }
   if (op->abandoned) {  // its transfer already failed on a timeout

@@ -64,6 +64,9 @@ class RailEndpoint {
   virtual void signal() = 0;
   // Peers' writes into this process completed so far; 0 forever without FI_RMA_EVENT.
   virtual uint64_t remote_writes() = 0;
+  // Whether remote_writes() counts (the provider granted FI_RMA_EVENT). When it does not, the
+  // rail sends its peers wake-ups ahead of writes (same provider on both sides).
+  virtual bool counts_remote_writes() const = 0;
 };
 
 // A registration of a local buffer for sends or receives; destroying it deregisters.

@@ -10,17 +10,21 @@
 namespace cleave::transfer {
 
 void FabricRail::enqueue(std::vector<RailWork>&& work) {
+  if (try_enqueue(work)) return;
+  for (auto& w : work) {
+    w.transfer->finish(Unavailable(fmt::format("rail {} ({}) is stuck inside the provider and "
+                                               "was replaced; submit again", index_,
+                                               provider_name())),
+                       TransferErrorKind::kPostError);
+  }
+}
+
+bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
   {
+    // declare_stuck() sets stuck_ under tracked_mu_: work queued before that is handed to the
+    // replacement or failed by it, work after it is refused here.
     std::lock_guard<std::mutex> tlock(tracked_mu_);
-    if (stuck_.load()) {
-      for (auto& w : work) {
-        w.transfer->finish(Unavailable(fmt::format("rail {} ({}) is stuck inside the provider "
-                                                   "and was replaced; submit again", index_,
-                                                   provider_name())),
-                           TransferErrorKind::kPostError);
-      }
-      return;
-    }
+    if (stuck_.load()) return false;
   }
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (lock.owns_lock()) {
@@ -38,6 +42,7 @@ void FabricRail::enqueue(std::vector<RailWork>&& work) {
   }
   work_epoch_.fetch_add(1);
   if (sleeping_.load()) wake();
+  return true;
 }
 
 OpContext* FabricRail::new_op() {
@@ -127,9 +132,16 @@ void FabricRail::post_ready() {
       if (++skipped > 256) break;
       continue;
     }
-    int rc = peer_inflight_[peer] >= peer_cap
-                 ? -FI_EAGAIN
-                 : post(w, addr_of(peer));
+    int rc = -FI_EAGAIN;
+    if (peer_inflight_[peer] < peer_cap) {
+      auto slot = peers_.find(peer);
+      if (slot == peers_.end()) {
+        rc = post(w, FI_ADDR_NOTAVAIL);
+      } else {
+        maybe_wake(slot->second, Clock::now());
+        rc = post(w, slot->second.addr);
+      }
+    }
     ++posted_since_check;
     if (rc == -FI_EAGAIN) {  // progress (completions) frees credits; others may go on
       if (peer_inflight_[peer] < peer_cap) eagain_since_.try_emplace(peer, Clock::now());
@@ -193,6 +205,29 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
   free_send_slots_.pop_back();
   op->posted = Clock::now();
   inflight_.insert(op);
+}
+
+void FabricRail::maybe_wake(PeerSlot& slot, Clock::time_point now) {
+  const auto hot = std::chrono::microseconds(settings_.idle_poll_us);
+  if (!wake_peers_ || hot.count() <= 0 || now - slot.woken < hot / 2 || free_send_slots_.empty() || !ep_ ||
+      slot.addr == FI_ADDR_NOTAVAIL) {
+    return;
+  }
+  int buf_slot = free_send_slots_.back();
+  char* buf = storage_->send_slot(buf_slot);
+  NoticeWire wire{kWakeMagic, engine_id_, 0};
+  std::memcpy(buf, &wire, sizeof(wire));
+  OpContext* op = new_op();
+  op->kind = OpContext::Kind::kWake;
+  op->slot = buf_slot;
+  ssize_t rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), slot.addr, &op->ctx);
+  if (rc != 0) {  // -FI_EAGAIN or worse: the writes that follow will tell
+    free_op(op);
+    return;
+  }
+  free_send_slots_.pop_back();
+  wakes_inflight_.insert(op);
+  slot.woken = now;
 }
 
 void FabricRail::post_deferred_notices() {

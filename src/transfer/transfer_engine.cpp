@@ -146,6 +146,9 @@ struct TransferEngine::Impl : ProgressDriver {
     return std::chrono::milliseconds(
         std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
   }
+  // Queues `work` on the rail at `index`; when that rail was just declared stuck, waits (up to
+  // the watchdog's bound and a second) for its replacement to enter the view and queues there.
+  void enqueue_on(size_t index, std::vector<RailWork>&& work);
   void watch();
   void replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old);
 
@@ -324,6 +327,20 @@ Status TransferEngine::Impl::open(const TransferSettings& s, bool peers_on_this_
             mr_local ? " local" : "", dc, hmem, (info->caps & FI_RMA_EVENT) != 0, info->tx_attr->size, FI_MAJOR(fi_version()),
             FI_MINOR(fi_version()));
   return Status::Ok();
+}
+
+void TransferEngine::Impl::enqueue_on(size_t index, std::vector<RailWork>&& work) {
+  const auto deadline = Clock::now() + stuck_after() + std::chrono::seconds(1);
+  for (;;) {
+    RailsView view = rails_now();
+    const auto& rail = (*view)[index];
+    if (rail->try_enqueue(work)) return;
+    if (Clock::now() >= deadline) {
+      rail->enqueue(std::move(work));  // fails it, naming the stuck rail
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 // Runs on its own thread so that timeouts fire even while a rail's thread (or a caller driving
@@ -642,7 +659,7 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
     peer->recent.push_back(state);
   }
   for (size_t r = 0; r < nrails; ++r) {
-    if (!per_rail[r].empty()) (*rails)[r]->enqueue(std::move(per_rail[r]));
+    if (!per_rail[r].empty()) im.enqueue_on(r, std::move(per_rail[r]));
   }
   return TransferHandle(state);
 }
@@ -672,7 +689,7 @@ Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
   std::vector<RailWork> v;
   v.push_back(std::move(work));
   auto rails = im.rails_now();
-  (*rails)[static_cast<size_t>(im.round_robin.fetch_add(1) % rails->size())]->enqueue(std::move(v));
+  im.enqueue_on(static_cast<size_t>(im.round_robin.fetch_add(1) % rails->size()), std::move(v));
   return TransferHandle(state);
 }
 

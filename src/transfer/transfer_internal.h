@@ -131,7 +131,7 @@ struct RailWork {
 // Context of an operation handed to libfabric; `ctx` must stay first.
 struct OpContext {
   fi_context2 ctx;
-  enum class Kind : uint8_t { kWrite, kNotice, kRecv } kind;
+  enum class Kind : uint8_t { kWrite, kNotice, kRecv, kWake } kind;
   RailWork work;
   Clock::time_point posted;
   int slot = -1;  // notice / receive buffer slot

@@ -93,7 +93,7 @@ class FabricRailTest : public ::testing::Test {
     const auto deadline = Clock::now() + limit;
     while (!done()) {
       if (Clock::now() > deadline) return false;
-      if (rail.try_progress() == 0) std::this_thread::sleep_for(100us);
+      if (rail.try_progress() <= 0) std::this_thread::sleep_for(100us);
     }
     return true;
   }
@@ -156,6 +156,64 @@ TEST_F(FabricRailTest, NoticeIsPostedOnlyAfterEveryWriteOfItsBatchCompleted) {
     if (op.kind == FakeOp::Kind::kWrite) {
       EXPECT_TRUE(op.flags & FI_DELIVERY_COMPLETE);
     }
+  }
+}
+
+// A peer whose provider counts no incoming writes (tcp: no FI_RMA_EVENT) would sleep in
+// fi_cq_sread while our writes arrive; a wake-up goes ahead of the writes, at most one per half
+// hot window, and is only a hint (it is no part of any transfer, and no notice).
+TEST_F(FabricRailTest, WakeUpGoesAheadOfWritesWhereIncomingWritesAreNotCounted) {
+  fabric_->remote_write_counter = false;
+  TransferSettings s;
+  s.idle_poll_us = 200000;  // a half window of 100 ms: the test decides when it has passed
+  auto rail = make_rail(s);
+  auto peer = add_peer(*rail, "A", 0xa);
+  auto kinds = [&] {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    std::string k;
+    for (const FakeOp& op : fabric_->accepted) {
+      if (op.kind == FakeOp::Kind::kWrite) {
+        k += 'w';
+        continue;
+      }
+      NoticeWire wire;
+      EXPECT_EQ(op.payload.size(), sizeof(wire));
+      std::memcpy(&wire, op.payload.data(), sizeof(wire));
+      k += wire.magic == kWakeMagic ? 'W' : wire.magic == kNoticeMagic ? 'N' : '?';
+    }
+    return k;
+  };
+  Batch first = make_batch(peer, 3, 0x10000, 7);
+  rail->enqueue(std::move(first.work));
+  ASSERT_TRUE(drive(*rail, [&] { return first.state->is_done(); }));
+  EXPECT_TRUE(status_of(first.state).ok()) << status_of(first.state).to_string();
+  Batch second = make_batch(peer, 2, 0x20000);
+  rail->enqueue(std::move(second.work));
+  ASSERT_TRUE(drive(*rail, [&] { return second.state->is_done(); }));
+  EXPECT_EQ(kinds(), "WwwwNww");  // one wake-up, ahead of the first write; none within 100 ms
+  std::this_thread::sleep_for(110ms);
+  Batch third = make_batch(peer, 1, 0x30000);
+  rail->enqueue(std::move(third.work));
+  ASSERT_TRUE(drive(*rail, [&] { return third.state->is_done(); }));
+  EXPECT_EQ(kinds(), "WwwwNwwWw");
+  std::lock_guard<std::mutex> lock(notices_mu_);
+  EXPECT_TRUE(notices_.empty());  // our own rail received nothing
+}
+
+TEST_F(FabricRailTest, NoWakeUpsWhereThePeerCountsIncomingWritesOrNobodyPollsHot) {
+  for (bool counter : {true, false}) {
+    fabric_ = std::make_shared<FakeFabric>();
+    fabric_->remote_write_counter = counter;
+    TransferSettings s;
+    s.idle_poll_us = counter ? 2000 : 0;
+    auto rail = make_rail(s);
+    auto peer = add_peer(*rail, "A", 0xa);
+    Batch b = make_batch(peer, 4, 0x10000);
+    rail->enqueue(std::move(b.work));
+    ASSERT_TRUE(drive(*rail, [&] { return b.state->is_done(); }));
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    EXPECT_EQ(fabric_->accepted.size(), 4u) << "counter=" << counter;
+    for (const FakeOp& op : fabric_->accepted) EXPECT_EQ(op.kind, FakeOp::Kind::kWrite);
   }
 }
 

@@ -59,6 +59,7 @@ class FakeFabric {
   bool hold_completions = false;
   std::function<Outcome(const FakeOp&)> outcome;  // unset: every operation completes
   int fail_open_after = -1;                       // open_endpoint fails once this many opened
+  bool remote_write_counter = true;  // false: like tcp, no FI_RMA_EVENT (the rail sends wake-ups)
 
   // --- what happened (read under `mu`) ---
   std::vector<FakeOp> accepted;          // every accepted post, in order
@@ -104,7 +105,8 @@ class FakeFabric {
 class FakeEndpoint final : public RailEndpoint {
  public:
   FakeEndpoint(std::shared_ptr<FakeFabric> f, int id)
-      : f_(std::move(f)), id_(id), name_("fake-ep-" + std::to_string(id)) {}
+      : f_(std::move(f)), id_(id), name_("fake-ep-" + std::to_string(id)),
+        counter_(f_->remote_write_counter) {}
   ~FakeEndpoint() override {
     std::lock_guard<std::mutex> lock(f_->mu);
     ++f_->endpoints_closed;
@@ -192,6 +194,7 @@ class FakeEndpoint final : public RailEndpoint {
   ssize_t wait(fi_cq_data_entry*, size_t, int) override { return -FI_EAGAIN; }
   void signal() override {}
   uint64_t remote_writes() override { return 0; }
+  bool counts_remote_writes() const override { return counter_; }
 
  private:
   friend class FakeFabric;
@@ -271,6 +274,7 @@ class FakeEndpoint final : public RailEndpoint {
 
   std::shared_ptr<FakeFabric> f_;
   int id_;
+  bool counter_ = true;
   std::string name_;
   std::vector<std::string> av_;
   std::vector<size_t> peer_inflight_;
