@@ -274,8 +274,8 @@ class FakeEndpoint final : public RailEndpoint {
 
   std::shared_ptr<FakeFabric> f_;
   int id_;
-  bool counter_ = true;
   std::string name_;
+  bool counter_ = true;
   std::vector<std::string> av_;
   std::vector<size_t> peer_inflight_;
   std::deque<FakeFabric::Completion> cq_;
