@@ -69,7 +69,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       return;
     }
     nlohmann::json j = nlohmann::json::array();
-    std::printf("%-14s %12s %10s %10s %10s %10s %7s  (delivery_complete=%s on both sides; medians of %ld rounds)\n",
+    std::printf("%-14s %12s %10s %10s %10s %10s %7s  (delivery_complete=%s on both sides; "
+                "medians of %ld rounds)\n",
                 "provider", "size_bytes", "GB/s", "p50_us", "p99_us", "raw_GB/s", "ratio",
                 o.delivery_complete ? "true" : "false", static_cast<long>(o.rounds));
     for (const auto& r : *rows) {

@@ -17,10 +17,6 @@ namespace {
 // How long after a waiter's last progress pass the rail's own thread keeps backing off.
 constexpr std::chrono::microseconds kDriverGrace{100};
 
-int64_t steady_ns(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
 // Endpoints left open on purpose, with the storage they may still write into or hand back as
 // contexts. Reachable from a global for the rest of the process, so that nothing they point
 // at is ever freed (and a leak checker sees it all as reachable).

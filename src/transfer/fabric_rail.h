@@ -15,6 +15,11 @@
 
 namespace cleave::transfer {
 
+// Nanoseconds of the steady clock, for time points kept in atomics.
+inline int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 // The bytes of a notice on the wire.
 struct NoticeWire {
   uint64_t magic;
@@ -148,7 +153,11 @@ class FabricRail {
   void send_notice_now(const std::shared_ptr<TransferState>& t);
   // Sends `slot` a wake-up unless one went out within half the hot window (or no send slot
   // is free: a wake-up is only a hint).
-  void maybe_wake(PeerSlot& slot, Clock::time_point now);
+  void maybe_wake(PeerSlot& slot);
+  // Posts `wire` from a free send slot as an operation of `kind` to `dest`: the operation, or
+  // null with the fi_send result in `*rc` (-FI_EAGAIN also when no slot is free).
+  OpContext* send_wire(OpContext::Kind kind, const NoticeWire& wire, fi_addr_t dest,
+                       ssize_t* rc);
   Status post_recv(int slot);
   OpContext* new_op();
   void free_op(OpContext* op);
@@ -229,10 +238,7 @@ class FabricRail {
 class FabricRail::Held {
  public:
   explicit Held(FabricRail* rail) : rail_(rail) {
-    rail_->held_since_ns_.store(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-            .count(),
-        std::memory_order_relaxed);
+    rail_->held_since_ns_.store(steady_ns(Clock::now()), std::memory_order_relaxed);
   }
   ~Held() { rail_->held_since_ns_.store(0, std::memory_order_relaxed); }
   Held(const Held&) = delete;

@@ -27,9 +27,7 @@ bool is_connection_error(int err) {
 int FabricRail::try_progress() {
   // Stamped before the attempt: a waiter that finds the lock taken by the rail's own thread
   // makes that thread step aside, so that the waiter gets the next pass.
-  driven_at_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          Clock::now().time_since_epoch()).count(),
-                      std::memory_order_relaxed);
+  driven_at_ns_.store(steady_ns(Clock::now()), std::memory_order_relaxed);
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return -1;
   Held held(this);

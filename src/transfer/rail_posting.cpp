@@ -138,7 +138,7 @@ void FabricRail::post_ready() {
       if (slot == peers_.end()) {
         rc = post(w, FI_ADDR_NOTAVAIL);
       } else {
-        maybe_wake(slot->second, Clock::now());
+        maybe_wake(slot->second);
         rc = post(w, slot->second.addr);
       }
     }
@@ -178,54 +178,57 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
               TransferErrorKind::kPeerUnavailable);
     return;
   }
-  int slot = free_send_slots_.back();
-  char* buf = storage_->send_slot(slot);
-  NoticeWire wire{kNoticeMagic, engine_id_, *t->notify_tag};
-  std::memcpy(buf, &wire, sizeof(wire));
-  OpContext* op = new_op();
-  op->kind = OpContext::Kind::kNotice;
-  op->slot = slot;
   set_posting_to(t->peer);
-  ssize_t rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), addr_of(t->peer.get()),
-                         &op->ctx);
+  ssize_t rc = 0;
+  OpContext* op = send_wire(OpContext::Kind::kNotice,
+                            NoticeWire{kNoticeMagic, engine_id_, *t->notify_tag},
+                            addr_of(t->peer.get()), &rc);
   set_posting_to(nullptr);
   if (rc == -FI_EAGAIN) {
-    free_op(op);
     pending_notices_.push_back(t);
     return;
   }
   if (rc != 0) {
-    free_op(op);
     t->finish(Internal(fabric_error(fmt::format("rail {}: fi_send of a notice", index_),
                                     static_cast<int>(rc))),
               TransferErrorKind::kPostError);
     return;
   }
   op->work.transfer = t;
-  free_send_slots_.pop_back();
   op->posted = Clock::now();
   inflight_.insert(op);
 }
 
-void FabricRail::maybe_wake(PeerSlot& slot, Clock::time_point now) {
-  const auto hot = std::chrono::microseconds(settings_.idle_poll_us);
-  if (!wake_peers_ || hot.count() <= 0 || now - slot.woken < hot / 2 || free_send_slots_.empty() || !ep_ ||
-      slot.addr == FI_ADDR_NOTAVAIL) {
-    return;
+OpContext* FabricRail::send_wire(OpContext::Kind kind, const NoticeWire& wire, fi_addr_t dest,
+                                 ssize_t* rc) {
+  if (free_send_slots_.empty()) {
+    *rc = -FI_EAGAIN;
+    return nullptr;
   }
-  int buf_slot = free_send_slots_.back();
-  char* buf = storage_->send_slot(buf_slot);
-  NoticeWire wire{kWakeMagic, engine_id_, 0};
+  const int slot = free_send_slots_.back();
+  char* buf = storage_->send_slot(slot);
   std::memcpy(buf, &wire, sizeof(wire));
   OpContext* op = new_op();
-  op->kind = OpContext::Kind::kWake;
-  op->slot = buf_slot;
-  ssize_t rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), slot.addr, &op->ctx);
-  if (rc != 0) {  // -FI_EAGAIN or worse: the writes that follow will tell
+  op->kind = kind;
+  op->slot = slot;
+  *rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), dest, &op->ctx);
+  if (*rc != 0) {
     free_op(op);
-    return;
+    return nullptr;
   }
   free_send_slots_.pop_back();
+  return op;
+}
+
+void FabricRail::maybe_wake(PeerSlot& slot) {
+  const auto hot = std::chrono::microseconds(settings_.idle_poll_us);
+  if (!wake_peers_ || hot.count() <= 0 || !ep_ || slot.addr == FI_ADDR_NOTAVAIL) return;
+  const auto now = Clock::now();
+  if (now - slot.woken < hot / 2) return;
+  ssize_t rc = 0;
+  OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0},
+                            slot.addr, &rc);
+  if (!op) return;  // no slot, -FI_EAGAIN or worse: the writes that follow will tell
   wakes_inflight_.insert(op);
   slot.woken = now;
 }
