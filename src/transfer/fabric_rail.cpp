@@ -14,8 +14,13 @@ namespace cleave::transfer {
 
 namespace {
 
-// How long after a waiter's last progress pass the rail's own thread keeps backing off.
+// How long after a waiter's last progress pass the rail's own thread keeps backing off, and
+// its first nap meanwhile. Each nap after which a waiter is still driving is twice as long, up
+// to kDriverNapMax: on a machine with few cores every wake-up of this thread preempts the
+// waiter (4 KiB writes over shm: 0.86 GB/s with 100 us naps, 1.1 GB/s with 1 ms). Work that
+// nobody waits for therefore waits at most kDriverNapMax for this thread once the waiter left.
 constexpr std::chrono::microseconds kDriverGrace{100};
+constexpr std::chrono::microseconds kDriverNapMax{1000};
 
 // Endpoints left open on purpose, with the storage they may still write into or hand back as
 // contexts. Reachable from a global for the rest of the process, so that nothing they point
@@ -38,7 +43,21 @@ void keep_forever(std::vector<std::unique_ptr<RailEndpoint>>&& endpoints,
 
 bool PeerRecord::alive() const {
   if (!same_host || pid <= 0) return true;
-  return ::kill(pid, 0) == 0 || errno != ESRCH;
+  if (gone_.load(std::memory_order_relaxed)) return false;
+  alive_checked_ns_.store(steady_ns(Clock::now()), std::memory_order_relaxed);
+  if (::kill(pid, 0) == 0 || errno != ESRCH) return true;
+  gone_.store(true, std::memory_order_relaxed);
+  return false;
+}
+
+bool PeerRecord::probably_alive() const {
+  if (!same_host || pid <= 0) return true;
+  if (gone_.load(std::memory_order_relaxed)) return false;
+  if (steady_ns(Clock::now()) - alive_checked_ns_.load(std::memory_order_relaxed) <
+      kAliveRecheckNs) {
+    return true;
+  }
+  return alive();
 }
 
 FabricRail::FabricRail(int index, std::unique_ptr<RailPort> port,
@@ -317,6 +336,18 @@ bool FabricRail::has_work() const {
          !pending_notices_.empty() || !abandoned_.empty();
 }
 
+bool FabricRail::driven_recently(Clock::time_point now) const {
+  return steady_ns(now) - driven_at_ns_.load(std::memory_order_relaxed) <
+         std::chrono::nanoseconds(kDriverGrace).count();
+}
+
+void FabricRail::nap_while_driven() {
+  std::unique_lock<std::mutex> lock(sleep_mu_);
+  sleep_cv_.wait_for(lock, driven_nap_, [&] { return wake_pending_ || stop_.load(); });
+  wake_pending_ = false;
+  driven_nap_ = std::min<std::chrono::microseconds>(2 * driven_nap_, kDriverNapMax);
+}
+
 void FabricRail::run() {
   int idle_passes = 0;
   const auto hot_window = std::chrono::microseconds(std::max<int64_t>(0, settings_.idle_poll_us));
@@ -326,7 +357,18 @@ void FabricRail::run() {
     Clock::time_point last_activity;
     uint64_t epoch = work_epoch_.load();
     {
-      std::lock_guard<std::timed_mutex> lock(progress_mu_);
+      // While a waiter drives the rail, only look in when the lock is free: blocking on it
+      // would make every unlock of the waiter's pass a futex wake-up of this thread.
+      std::unique_lock<std::timed_mutex> lock(progress_mu_, std::defer_lock);
+      if (driven_recently(Clock::now())) {
+        if (!lock.try_lock()) {
+          nap_while_driven();
+          continue;
+        }
+      } else {
+        lock.lock();
+        driven_nap_ = kDriverGrace;
+      }
       Held held(this);
       if (reopen_wanted_) {
         reopen_wanted_ = false;
@@ -349,11 +391,8 @@ void FabricRail::run() {
     // A waiter drives this rail (TransferHandle::wait): leave the polling to it and only look in
     // now and then (for reopens and for the moment it stops). On a machine with few cores a
     // second poller would take CPU time from the data movement itself.
-    if (steady_ns(now) - driven_at_ns_.load(std::memory_order_relaxed) <
-        std::chrono::nanoseconds(kDriverGrace).count()) {
-      std::unique_lock<std::mutex> lock(sleep_mu_);
-      sleep_cv_.wait_for(lock, kDriverGrace, [&] { return wake_pending_ || stop_.load(); });
-      wake_pending_ = false;
+    if (driven_recently(now)) {
+      nap_while_driven();
       continue;
     }
     if (n > 0) continue;

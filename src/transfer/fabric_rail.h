@@ -142,6 +142,9 @@ class FabricRail {
   void leak_endpoint();
   void reopen();
   void run();
+  // A waiter drove this rail within the last kDriverGrace: the thread steps aside.
+  bool driven_recently(Clock::time_point now) const;
+  void nap_while_driven();
   void wake();
   void track(const std::vector<RailWork>& work);
   bool has_work() const;
@@ -188,6 +191,9 @@ class FabricRail {
   std::atomic<int64_t> driven_at_ns_{0};   // steady clock of the last try_progress() pass
   std::unique_ptr<RailEndpoint> ep_;        // null while out of service
   uint64_t remote_writes_seen_ = 0;
+  int64_t last_read_ns_ = 0;  // steady clock of the last read_completions() pass
+  // A submitter that posts inline also reads completions when nobody did for this long.
+  static constexpr int64_t kSubmitterReadAfterNs = 20'000;
   bool cq_waitable_ = false;
   bool wake_peers_ = false;  // the endpoint does not count incoming writes: peers need wake-ups
   mutable std::mutex name_mu_;  // guards name_ (readable while the rail is stuck)
@@ -202,6 +208,7 @@ class FabricRail {
   std::mutex sleep_mu_;  // the progress thread's nap when the CQ has no wait object
   std::condition_variable sleep_cv_;
   std::atomic<bool> sleeping_{false};
+  std::chrono::microseconds driven_nap_{100};  // this thread's next nap while a waiter drives
   std::atomic<bool> stop_{false};
   std::atomic<bool> exited_{false};
   std::atomic<bool> stuck_{false};
@@ -237,8 +244,9 @@ class FabricRail {
 // Stamps the progress lock's holder for busy_for(); constructed right after taking the lock.
 class FabricRail::Held {
  public:
-  explicit Held(FabricRail* rail) : rail_(rail) {
-    rail_->held_since_ns_.store(steady_ns(Clock::now()), std::memory_order_relaxed);
+  explicit Held(FabricRail* rail) : Held(rail, steady_ns(Clock::now())) {}
+  Held(FabricRail* rail, int64_t now_ns) : rail_(rail) {
+    rail_->held_since_ns_.store(now_ns, std::memory_order_relaxed);
   }
   ~Held() { rail_->held_since_ns_.store(0, std::memory_order_relaxed); }
   Held(const Held&) = delete;

@@ -27,10 +27,11 @@ bool is_connection_error(int err) {
 int FabricRail::try_progress() {
   // Stamped before the attempt: a waiter that finds the lock taken by the rail's own thread
   // makes that thread step aside, so that the waiter gets the next pass.
-  driven_at_ns_.store(steady_ns(Clock::now()), std::memory_order_relaxed);
+  const int64_t now = steady_ns(Clock::now());
+  driven_at_ns_.store(now, std::memory_order_relaxed);
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return -1;
-  Held held(this);
+  Held held(this, now);
   return progress_once();
 }
 
@@ -116,6 +117,7 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
 
 int FabricRail::read_completions() {
   if (!ep_) return 0;
+  last_read_ns_ = held_since_ns_.load(std::memory_order_relaxed);
   int total = 0;
   for (;;) {
     fi_cq_data_entry entries[64];

@@ -28,13 +28,23 @@ bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
   }
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (lock.owns_lock()) {
-    Held held(this);
+    // The submitter drives the rail: it posts, and reads completions when credits run low or
+    // nobody read them for kSubmitterReadAfter (a read is a provider progress call: on tcp an
+    // epoll and a recv, too dear for every 4 KiB batch). The rail's thread steps aside
+    // meanwhile, as it does for a waiter, instead of blocking on the lock and being woken by
+    // every unlock.
+    const int64_t now = steady_ns(Clock::now());
+    driven_at_ns_.store(now, std::memory_order_relaxed);
+    Held held(this, now);
     {
       std::lock_guard<std::mutex> tlock(tracked_mu_);
       track(work);
     }
     for (auto& w : work) ready_.push_back(std::move(w));
     post_ready();
+    if (writes_inflight_ * 2 >= depth_ || now - last_read_ns_ > kSubmitterReadAfterNs) {
+      if (read_completions() > 0 && !ready_.empty()) post_ready();
+    }
     lock.unlock();
   } else {
     std::lock_guard<std::mutex> ilock(incoming_mu_);
@@ -111,7 +121,7 @@ void FabricRail::post_ready() {
       posted_since_check = 0;
       if (!checked_one) checked_one = peer;
       else checked.insert(peer);
-      if (!peer->alive()) peer->unreachable.store(true);
+      if (!peer->probably_alive()) peer->unreachable.store(true);
     }
     if (peer->unreachable.load(std::memory_order_relaxed)) {
       t->finish(Unavailable(fmt::format("peer {:016x} is unreachable (an earlier transfer to it "
@@ -171,7 +181,7 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
     pending_notices_.push_back(t);
     return;
   }
-  if (t->peer->unreachable.load() || !t->peer->alive()) {
+  if (t->peer->unreachable.load() || !t->peer->probably_alive()) {
     t->peer->unreachable.store(true);
     t->finish(Unavailable(fmt::format("notice {} not sent: peer {:016x} is unreachable (pid {})",
                                       *t->notify_tag, t->peer->engine_id, t->peer->pid)),

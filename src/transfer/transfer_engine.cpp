@@ -237,11 +237,16 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
     state->writes_left.store(static_cast<int64_t>(slices.size()));
   }
   {
+    // Finished entries are dropped when the list has doubled since the last sweep: amortised
+    // O(1) per submit, where a sweep on every submit cost O(batches in flight).
     std::lock_guard<std::mutex> lock(peer->mu);
-    std::erase_if(peer->recent, [](const std::weak_ptr<TransferState>& w) {
-      auto s = w.lock();
-      return !s || s->is_done();
-    });
+    if (peer->recent.size() >= peer->recent_prune_at) {
+      std::erase_if(peer->recent, [](const std::weak_ptr<TransferState>& w) {
+        auto s = w.lock();
+        return !s || s->is_done();
+      });
+      peer->recent_prune_at = std::max<size_t>(64, 2 * peer->recent.size());
+    }
     peer->recent.push_back(state);
   }
   for (size_t r = 0; r < nrails; ++r) {
@@ -264,9 +269,12 @@ Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
   state->notify_tag = tag;
   {
     std::lock_guard<std::mutex> lock(peer->mu);
-    for (auto& w : peer->recent) {
-      if (auto s = w.lock(); s && !s->is_done()) state->predecessors.push_back(s);
-    }
+    std::erase_if(peer->recent, [&](const std::weak_ptr<TransferState>& w) {
+      auto s = w.lock();
+      if (!s || s->is_done()) return true;
+      state->predecessors.push_back(std::move(s));
+      return false;
+    });
     peer->recent.push_back(state);
   }
   RailWork work;

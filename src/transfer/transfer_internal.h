@@ -70,11 +70,21 @@ struct PeerRecord {
   pid_t pid = 0;
   bool same_host = false;
   std::atomic<bool> unreachable{false};
-  std::mutex mu;  // guards `recent`
+  std::mutex mu;  // guards `recent` and `recent_prune_at`
   std::vector<std::weak_ptr<TransferState>> recent;  // unfinished batches, for notify()
+  size_t recent_prune_at = 64;  // finished entries are dropped when `recent` reaches this size
 
   // False only when the peer is known to be gone (same host and kill(pid, 0) says ESRCH).
   bool alive() const;
+  // alive(), but asks the kernel at most once per kAliveRecheck (the posting path calls it for
+  // every pass; a peer that dies between two checks is caught by the completion timeout and the
+  // watchdog, as one that dies after the post is).
+  bool probably_alive() const;
+  static constexpr int64_t kAliveRecheckNs = 1'000'000;
+
+ private:
+  mutable std::atomic<int64_t> alive_checked_ns_{0};
+  mutable std::atomic<bool> gone_{false};
 };
 
 // Lets a thread that waits for a transfer drive the rails' progress itself instead of sleeping
