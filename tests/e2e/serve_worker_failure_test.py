@@ -136,6 +136,14 @@ class ServeWorkerFailureTest(unittest.TestCase):
             # Polled from the moment the requests go out: waiting for a first token before polling
             # once let the victim's streams end unseen on a loaded CI run.
             running_until = time.monotonic() + BOUND_S
+            # Wait until more streams have their first token than one worker can hold (round_robin
+            # gives each worker BEFORE / 2): then the victim has a started stream, which must end
+            # with an error event. A load report alone (running >= 1) could come while every
+            # stream on the victim was still before its first token; those are retried, rightly,
+            # and the scenario did not happen (seen once in six runs).
+            for _ in range(BEFORE // 2 + 2):
+                left = max(0.0, running_until - time.monotonic())
+                self.assertTrue(streams_started.acquire(timeout=left), "the streams never started")
             # The victim is the first decode worker seen decoding.
             victim_id = None
             while victim_id is None:
