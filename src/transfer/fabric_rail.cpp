@@ -295,20 +295,15 @@ std::shared_ptr<PeerRecord> FabricRail::posting_to() const {
   return posting_to_;
 }
 
-void FabricRail::track(const std::vector<RailWork>& work) {
-  // Called with tracked_mu_ held.
-  if (tracked_.size() > 4096) {
-    std::erase_if(tracked_, [](const std::weak_ptr<TransferState>& w) {
-      auto t = w.lock();
-      return !t || t->is_done();
-    });
-  }
-  const TransferState* last = nullptr;
-  for (const auto& w : work) {
-    if (w.transfer.get() == last) continue;
-    last = w.transfer.get();
-    tracked_.push_back(w.transfer);
-  }
+void FabricRail::prune_tracked() {
+  // Called with tracked_mu_ held. Finished transfers are dropped once the list doubled since the
+  // last sweep: amortised O(1) per call however many transfers are in flight.
+  if (tracked_.size() < tracked_prune_at_) return;
+  std::erase_if(tracked_, [](const std::weak_ptr<TransferState>& w) {
+    auto t = w.lock();
+    return !t || t->is_done();
+  });
+  tracked_prune_at_ = std::max<size_t>(4096, 2 * tracked_.size());
 }
 
 std::vector<RailWork> FabricRail::declare_stuck(const std::string& why) {
@@ -424,8 +419,10 @@ void FabricRail::run() {
       if (got > 0) {
         std::lock_guard<std::timed_mutex> lock(progress_mu_);
         Held held(this);
+        const auto now = Clock::now();
         for (ssize_t i = 0; i < got; ++i) {
-          handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
+          handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0,
+                            now);
         }
       }
     } else {

@@ -146,7 +146,18 @@ class FabricRail {
   bool driven_recently(Clock::time_point now) const;
   void nap_while_driven();
   void wake();
-  void track(const std::vector<RailWork>& work);
+  // Called with tracked_mu_ held: remembers the transfers of `work` (a container of RailWork).
+  template <class Work>
+  void track(const Work& work) {
+    prune_tracked();
+    const TransferState* last = nullptr;
+    for (const RailWork& w : work) {
+      if (w.transfer.get() == last) continue;
+      last = w.transfer.get();
+      tracked_.push_back(w.transfer);
+    }
+  }
+  void prune_tracked();
   bool has_work() const;
   fi_addr_t addr_of(PeerRecord* peer) const;
   // rail_posting.cpp
@@ -164,11 +175,16 @@ class FabricRail {
   Status post_recv(int slot);
   OpContext* new_op();
   void free_op(OpContext* op);
+  void add_inflight(OpContext* op);
+  // False when `op` is not in flight on this rail (released by a reopen).
+  bool remove_inflight(OpContext* op);
   void set_posting_to(const std::shared_ptr<PeerRecord>& peer);
   // rail_completions.cpp
   int progress_once();  // holds progress_mu_
   int read_completions();
-  void handle_completion(OpContext* op, bool error, const std::string& error_text, int err);
+  // `now`: when the completion was read (one clock read per batch of completions).
+  void handle_completion(OpContext* op, bool error, const std::string& error_text, int err,
+                         Clock::time_point now);
   void check_timeouts();
   void abandon(OpContext* op, Status why, TransferErrorKind kind);
   void finish_write(OpContext* op);
@@ -214,19 +230,24 @@ class FabricRail {
   std::atomic<bool> stuck_{false};
   std::mutex incoming_mu_;  // guards incoming_: work queued while the progress lock was busy
   std::deque<RailWork> incoming_;
+  // Set with incoming_mu_ held when work is queued (a pass takes that lock only then). Seen by
+  // the rail's thread before it sleeps: the queuer bumps work_epoch_ after setting it.
+  std::atomic<bool> incoming_queued_{false};
   std::atomic<uint64_t> reopens_{0};
   std::thread thread_;
   // Transfers with work in the lock holder's state, for declare_stuck() (which cannot take
   // progress_mu_). Lock order: incoming_mu_, then tracked_mu_.
   std::mutex tracked_mu_;
   std::vector<std::weak_ptr<TransferState>> tracked_;
+  size_t tracked_prune_at_ = 4096;
   mutable std::mutex posting_mu_;
   std::shared_ptr<PeerRecord> posting_to_;  // set around each write / send post
 
   std::deque<RailWork> ready_;
   std::deque<std::shared_ptr<TransferState>> deferred_notices_;
   std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
-  std::unordered_set<OpContext*> inflight_;
+  // Writes and notices in flight, each at its OpContext::inflight_at (no allocation per post).
+  std::vector<OpContext*> inflight_;
   std::unordered_set<OpContext*> wakes_inflight_;  // wake-ups (no transfer behind them)
   std::vector<OpContext*> abandoned_;  // timed out, never completed by the provider
   std::unordered_map<PeerRecord*, Clock::time_point> last_completion_;

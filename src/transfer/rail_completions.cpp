@@ -48,8 +48,8 @@ void FabricRail::finish_write(OpContext* op) {
 }
 
 void FabricRail::handle_completion(OpContext* op, bool error, const std::string& error_text,
-                                   int err) {
-  last_activity_ = Clock::now();
+                                   int err, Clock::time_point now) {
+  last_activity_ = now;
   if (op->kind == OpContext::Kind::kRecv) {
     if (!error) {
       NoticeWire wire;
@@ -87,14 +87,14 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
     free_op(op);
     return;
   }
-  if (inflight_.erase(op) == 0) return;  // not ours (already released by a reopen)
+  if (!remove_inflight(op)) return;  // not ours (already released by a reopen)
   auto t = op->work.transfer;
   PeerRecord* peer = t->peer.get();
   if (op->kind == OpContext::Kind::kWrite) {
     --writes_inflight_;
     --peer_inflight_[peer];
   }
-  last_completion_[peer] = Clock::now();
+  last_completion_[peer] = now;
   if (op->kind == OpContext::Kind::kNotice) free_send_slots_.push_back(op->slot);
   if (error) {
     if (is_connection_error(err)) peer->unreachable.store(true);
@@ -123,8 +123,10 @@ int FabricRail::read_completions() {
     fi_cq_data_entry entries[64];
     ssize_t n = ep_->read(entries, 64);
     if (n > 0) {
+      const auto now = Clock::now();
       for (ssize_t i = 0; i < n; ++i) {
-        handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0);
+        handle_completion(reinterpret_cast<OpContext*>(entries[i].op_context), false, {}, 0,
+                          now);
       }
       total += static_cast<int>(n);
       if (n < 64) return total;
@@ -139,7 +141,8 @@ int FabricRail::read_completions() {
       std::string prov = ep_->provider_error(err);
       std::string text = fmt::format("{} (provider: {})", fi_strerror(err.err), prov);
       if (err.op_context) {
-        handle_completion(reinterpret_cast<OpContext*>(err.op_context), true, text, err.err);
+        handle_completion(reinterpret_cast<OpContext*>(err.op_context), true, text, err.err,
+                          Clock::now());
       } else {
         log::warn("transfer rail {}: error completion without context: {}", index_, text);
       }
@@ -150,7 +153,7 @@ int FabricRail::read_completions() {
 }
 
 void FabricRail::abandon(OpContext* op, Status why, TransferErrorKind kind) {
-  inflight_.erase(op);
+  remove_inflight(op);
   op->abandoned = true;
   abandoned_.push_back(op);
   reopen_wanted_ = true;
@@ -220,13 +223,14 @@ void FabricRail::check_timeouts() {
 }
 
 int FabricRail::progress_once() {
-  {
+  if (incoming_queued_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> ilock(incoming_mu_);
+    incoming_queued_.store(false, std::memory_order_relaxed);
     if (!incoming_.empty()) {
       // From here on the work is in state only the lock holder can reach: track it so that a
       // declare_stuck() fails it (work still in incoming_ is handed to the replacement).
       std::lock_guard<std::mutex> tlock(tracked_mu_);
-      track(std::vector<RailWork>(incoming_.begin(), incoming_.end()));
+      track(incoming_);
     }
     while (!incoming_.empty()) {
       ready_.push_back(std::move(incoming_.front()));

@@ -20,12 +20,8 @@ void FabricRail::enqueue(std::vector<RailWork>&& work) {
 }
 
 bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
-  {
-    // declare_stuck() sets stuck_ under tracked_mu_: work queued before that is handed to the
-    // replacement or failed by it, work after it is refused here.
-    std::lock_guard<std::mutex> tlock(tracked_mu_);
-    if (stuck_.load()) return false;
-  }
+  // declare_stuck() sets stuck_ holding incoming_mu_ and tracked_mu_: work tracked or queued
+  // before that is failed by it or handed to the replacement, work after it is refused here.
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::try_to_lock);
   if (lock.owns_lock()) {
     // The submitter drives the rail: it posts, and reads completions when credits run low or
@@ -33,13 +29,14 @@ bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
     // epoll and a recv, too dear for every 4 KiB batch). The rail's thread steps aside
     // meanwhile, as it does for a waiter, instead of blocking on the lock and being woken by
     // every unlock.
+    {
+      std::lock_guard<std::mutex> tlock(tracked_mu_);
+      if (stuck_.load()) return false;
+      track(work);
+    }
     const int64_t now = steady_ns(Clock::now());
     driven_at_ns_.store(now, std::memory_order_relaxed);
     Held held(this, now);
-    {
-      std::lock_guard<std::mutex> tlock(tracked_mu_);
-      track(work);
-    }
     for (auto& w : work) ready_.push_back(std::move(w));
     post_ready();
     if (writes_inflight_ * 2 >= depth_ || now - last_read_ns_ > kSubmitterReadAfterNs) {
@@ -48,7 +45,9 @@ bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
     lock.unlock();
   } else {
     std::lock_guard<std::mutex> ilock(incoming_mu_);
+    if (stuck_.load()) return false;
     for (auto& w : work) incoming_.push_back(std::move(w));
+    incoming_queued_.store(true, std::memory_order_release);
   }
   work_epoch_.fetch_add(1);
   if (sleeping_.load()) wake();
@@ -69,7 +68,23 @@ void FabricRail::free_op(OpContext* op) {
   op->work.transfer.reset();
   op->abandoned = false;
   op->slot = -1;
+  op->inflight_at = OpContext::kNotInFlight;
   free_ops_.push_back(op);
+}
+
+void FabricRail::add_inflight(OpContext* op) {
+  op->inflight_at = inflight_.size();
+  inflight_.push_back(op);
+}
+
+bool FabricRail::remove_inflight(OpContext* op) {
+  const size_t i = op->inflight_at;
+  if (i >= inflight_.size() || inflight_[i] != op) return false;
+  inflight_[i] = inflight_.back();
+  inflight_[i]->inflight_at = i;
+  inflight_.pop_back();
+  op->inflight_at = OpContext::kNotInFlight;
+  return true;
 }
 
 int FabricRail::post(RailWork& w, fi_addr_t dest) {
@@ -78,10 +93,8 @@ int FabricRail::post(RailWork& w, fi_addr_t dest) {
   OpContext* op = new_op();
   op->kind = OpContext::Kind::kWrite;
   uint64_t flags = FI_COMPLETION | (delivery_complete_ ? FI_DELIVERY_COMPLETE : 0);
-  set_posting_to(w.transfer->peer);
   ssize_t rc = ep_->write(w.local, w.len, w.local_desc, dest, w.remote_addr, w.key, flags,
                           &op->ctx);
-  set_posting_to(nullptr);
   if (rc != 0) {
     free_op(op);
     return static_cast<int>(rc);
@@ -89,7 +102,7 @@ int FabricRail::post(RailWork& w, fi_addr_t dest) {
   op->work = std::move(w);
   op->posted = Clock::now();
   last_activity_ = op->posted;
-  inflight_.insert(op);
+  add_inflight(op);
   ++writes_inflight_;
   ++peer_inflight_[op->work.transfer->peer.get()];
   return 0;
@@ -108,6 +121,9 @@ void FabricRail::post_ready() {
   std::unordered_set<PeerRecord*> checked;
   size_t posted_since_check = 0;
   size_t skipped = 0;
+  // The peer named by posting_to() while this loop posts (set when the peer changes, cleared
+  // at the end: only fabric calls can get stuck, and this loop makes none for anyone else).
+  PeerRecord* posting = nullptr;
   for (auto it = ready_.begin(); it != ready_.end() && writes_inflight_ < depth_;) {
     RailWork& w = *it;
     TransferState* t = w.transfer.get();
@@ -144,6 +160,10 @@ void FabricRail::post_ready() {
     }
     int rc = -FI_EAGAIN;
     if (peer_inflight_[peer] < peer_cap) {
+      if (posting != peer) {
+        set_posting_to(w.transfer->peer);
+        posting = peer;
+      }
       auto slot = peers_.find(peer);
       if (slot == peers_.end()) {
         rc = post(w, FI_ADDR_NOTAVAIL);
@@ -169,6 +189,7 @@ void FabricRail::post_ready() {
     }
     it = ready_.erase(it);
   }
+  if (posting) set_posting_to(nullptr);
 }
 
 void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
@@ -206,7 +227,7 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
   }
   op->work.transfer = t;
   op->posted = Clock::now();
-  inflight_.insert(op);
+  add_inflight(op);
 }
 
 OpContext* FabricRail::send_wire(OpContext::Kind kind, const NoticeWire& wire, fi_addr_t dest,

@@ -146,6 +146,8 @@ struct OpContext {
   Clock::time_point posted;
   int slot = -1;  // notice / receive buffer slot
   bool abandoned = false;
+  static constexpr size_t kNotInFlight = ~size_t{0};
+  size_t inflight_at = kNotInFlight;  // index in its rail's list of operations in flight
 };
 
 }  // namespace cleave::transfer

@@ -70,7 +70,7 @@ bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
   }
   if (metrics) {
     if (kind) metrics->add_error(*kind);
-    metrics->add_transfer(peer ? peer->engine_id : 0, bytes, Clock::now() - start, status.ok());
+    metrics->add_transfer(peer ? peer->engine_id : 0, bytes, end - start, status.ok());
   }
   cv.notify_all();
   return true;
