@@ -293,8 +293,9 @@ void register_settings(Config& c, SettingsRegistry& r) {
              "Ask for FI_HMEM (GPU memory registration) when built with CUDA; costs shm its "
              "single-copy (CMA) path, so only for KV in GPU memory.");
   r.add_int("transfer.idle_poll_us", &c.transfer.idle_poll_us,
-            "Microseconds a rail keeps polling after its last activity before it naps (shm: "
-            "targets complete incoming writes only while polling).", 0, 10000000);
+            "Microseconds a rail, or a thread waiting for a transfer, keeps polling after its "
+            "last activity before it naps (shm: targets complete incoming writes only while "
+            "polling).", 0, 10000000);
   r.add_enum("worker.role", &c.worker.role, {"prefill", "decode", "unified"},
              "What a `cleave worker` serves: prefill, decode, or both in one process (unified).",
              "--role");

@@ -182,6 +182,7 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
   auto state = std::make_shared<TransferState>();
   state->metrics = &im.metrics;
   state->driver = &im;
+  state->hot = std::chrono::microseconds(im.settings.idle_poll_us);
   state->peer = peer;
   state->notify_tag = batch.notify_tag;
   const size_t nrails = rails->size();
@@ -265,6 +266,7 @@ Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
   auto state = std::make_shared<TransferState>();
   state->metrics = &im.metrics;
   state->driver = &im;
+  state->hot = std::chrono::microseconds(im.settings.idle_poll_us);
   state->peer = peer;
   state->notify_tag = tag;
   {

@@ -108,6 +108,8 @@ namespace cleave::transfer {
 struct TransferState {
   MetricsCounters* metrics = nullptr;
   ProgressDriver* driver = nullptr;  // the engine, which outlives every handle's use
+  // How long a waiter keeps polling without a completion (transfer.idle_poll_us, as the rails).
+  Clock::duration hot = std::chrono::milliseconds(2);
   std::shared_ptr<PeerRecord> peer;
   uint64_t bytes = 0;
   Clock::time_point start = Clock::now();

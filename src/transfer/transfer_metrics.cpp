@@ -93,15 +93,14 @@ std::optional<Status> TransferHandle::poll() const {
 // The waiter drives progress itself (no hand-off from the progress thread, no wake-up latency)
 // and keeps polling while completions keep coming: providers with manual progress (tcp, shm)
 // move data only while somebody polls, and the rail's own thread backs off meanwhile, so that
-// one thread polls. After kHot without a completion, or when every rail is driven by somebody
-// else, it sleeps on the transfer's condition variable in short slices, driving a pass after
-// each (the rail threads finish the transfer meanwhile).
+// one thread polls. After s.hot (transfer.idle_poll_us) without a completion, or when every rail
+// is driven by somebody else, it sleeps on the transfer's condition variable in short slices,
+// driving a pass after each (the rail threads finish the transfer meanwhile).
 Status TransferHandle::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return FailedPrecondition("wait() on an empty transfer handle");
   TransferState& s = *state_;
   const bool forever = timeout == std::chrono::milliseconds::max();
   const auto deadline = forever ? Clock::time_point::max() : Clock::now() + timeout;
-  constexpr auto kHot = std::chrono::milliseconds(2);
   constexpr auto kShared = std::chrono::microseconds(200);
   constexpr auto kNap = std::chrono::milliseconds(1);
   auto last_event = Clock::now();
@@ -116,14 +115,14 @@ Status TransferHandle::wait(std::chrono::milliseconds timeout) const {
       return DeadlineExceeded(fmt::format("transfer of {} bytes still in flight after {} ms",
                                           s.bytes, timeout.count()));
     }
-    if (now - last_event < kHot && now - last_drive < kShared) {
+    if (now - last_event < s.hot && now - last_drive < kShared) {
       std::this_thread::yield();
       continue;
     }
     std::unique_lock<std::mutex> lock(s.mu);
     auto until = std::min(deadline, now + kNap);
     s.cv.wait_until(lock, until, [&] { return s.done; });
-    last_event = last_drive = Clock::now() - kHot / 2;  // poll a little after each nap
+    last_event = last_drive = Clock::now() - s.hot / 2;  // poll a little after each nap
   }
   std::lock_guard<std::mutex> lock(s.mu);
   return s.status;
