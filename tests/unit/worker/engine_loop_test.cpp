@@ -2,6 +2,8 @@
 // gives the same output as without the cache), cancellation mid-prefill and mid-decode,
 // a sequence that outgrows the pool, submit validation, and shutdown with pending requests.
 // Every test ends with all blocks back in the pool.
+#include <atomic>
+#include <chrono>
 #include <thread>
 
 #include "engine_test_util.h"
@@ -91,11 +93,19 @@ TEST_P(EngineLoopTest, CancelInPrefillAndInDecodeReturnsEveryBlock) {
   auto sink_cb = sink.callback();
   EngineLoop* e = engine.get();
   // Request 1 decodes; on its 3rd token it cancels request 2, whose 300-token prompt needs ~19
-  // steps of 16 tokens; on its 5th it cancels itself.
+  // steps of 16 tokens; on its 5th it cancels itself. Its first token waits until request 2 is
+  // submitted: on a slow run (ASan) request 1 could otherwise reach its 3rd token first.
+  const std::vector<int32_t> prompt1 = random_prompt(rng, *m_.tok, vocab(), 5);
+  const std::vector<int32_t> prompt2 = random_prompt(rng, *m_.tok, vocab(), 300);
+  std::atomic<bool> second_submitted{false};
   int seen = 0;
   auto cb1 = [&, e](const EngineEvent& ev) {
     sink_cb(ev);
     if (!ev.has_token) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!second_submitted.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     ++seen;
     if (seen == 3) {
       EXPECT_TRUE(e->cancel(2));
@@ -104,8 +114,9 @@ TEST_P(EngineLoopTest, CancelInPrefillAndInDecodeReturnsEveryBlock) {
       EXPECT_TRUE(e->cancel(1));
     }
   };
-  ASSERT_TRUE(engine->submit(EngineRequest{1, random_prompt(rng, *m_.tok, vocab(), 5), greedy(100, true)}, cb1).ok());
-  ASSERT_TRUE(engine->submit(EngineRequest{2, random_prompt(rng, *m_.tok, vocab(), 300), greedy(10)}, sink.callback()).ok());
+  ASSERT_TRUE(engine->submit(EngineRequest{1, prompt1, greedy(100, true)}, cb1).ok());
+  ASSERT_TRUE(engine->submit(EngineRequest{2, prompt2, greedy(10)}, sink.callback()).ok());
+  second_submitted.store(true);
   expect_all_blocks_back(*engine);
   const Stream s1 = sink.get(1), s2 = sink.get(2);
   EXPECT_TRUE(s1.finished);
