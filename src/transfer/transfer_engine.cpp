@@ -149,6 +149,7 @@ Result<uint64_t> TransferEngine::connect(std::string_view peer_address) {
   peer->engine_id = a.engine_id;
   peer->same_host = same_host;
   peer->pid = static_cast<pid_t>(a.pid);
+  peer->stats = impl_->metrics.peer_counters(a.engine_id);
   for (size_t i = 0; i < nrails; ++i) {
     peer->rail_names.push_back(a.rail_names[i % a.rail_names.size()]);
   }

@@ -37,12 +37,19 @@ using Clock = std::chrono::steady_clock;
 // "what failed: fi_strerror (-code)".
 std::string fabric_error(std::string_view what, int rc);
 
-// Counters behind TransferMetricsSnapshot; lock-free on the data path except per-peer counters.
+// Counters behind TransferMetricsSnapshot; lock-free on the data path (a peer's counters are
+// made once, when it is connected, and only snapshot() takes the lock to list them).
 class MetricsCounters {
  public:
+  struct PeerAtomics {
+    std::atomic<uint64_t> bytes{0}, transfers{0}, failures{0};
+  };
   void init(std::string provider, int rails);
   void add_rail_write(int rail, uint64_t bytes);
-  void add_transfer(uint64_t peer_engine, uint64_t bytes, Clock::duration latency, bool ok);
+  // The counters of the peer with this engine id (made on first use; the pointer stays valid
+  // for the life of this object).
+  PeerAtomics* peer_counters(uint64_t peer_engine);
+  void add_transfer(PeerAtomics* peer, uint64_t bytes, Clock::duration latency, bool ok);
   void add_error(TransferErrorKind kind);
   void add_notice_sent() { notices_sent_.fetch_add(1, std::memory_order_relaxed); }
   void add_notice_received() { notices_received_.fetch_add(1, std::memory_order_relaxed); }
@@ -55,8 +62,8 @@ class MetricsCounters {
   std::array<std::atomic<uint64_t>, TransferMetricsSnapshot::kLatencyBuckets> latency_{};
   std::array<std::atomic<uint64_t>, static_cast<size_t>(TransferErrorKind::kCount)> errors_{};
   std::atomic<uint64_t> notices_sent_{0}, notices_received_{0};
-  mutable std::mutex peers_mu_;
-  std::map<uint64_t, TransferMetricsSnapshot::PeerCounters> peers_;
+  mutable std::mutex peers_mu_;  // guards the map, not the counters
+  std::map<uint64_t, std::unique_ptr<PeerAtomics>> peers_;
 };
 
 struct PeerRecord {
@@ -69,6 +76,7 @@ struct PeerRecord {
   // then alive() asks the kernel whether its process still exists.
   pid_t pid = 0;
   bool same_host = false;
+  MetricsCounters::PeerAtomics* stats = nullptr;  // this peer's counters in the engine's metrics
   std::atomic<bool> unreachable{false};
   std::mutex mu;  // guards `recent` and `recent_prune_at`
   std::vector<std::weak_ptr<TransferState>> recent;  // unfinished batches, for notify()

@@ -23,19 +23,25 @@ void MetricsCounters::add_rail_write(int rail, uint64_t bytes) {
   rail_writes_[rail].fetch_add(1, std::memory_order_relaxed);
 }
 
-void MetricsCounters::add_transfer(uint64_t peer_engine, uint64_t bytes, Clock::duration latency,
+MetricsCounters::PeerAtomics* MetricsCounters::peer_counters(uint64_t peer_engine) {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  auto& p = peers_[peer_engine];
+  if (!p) p = std::make_unique<PeerAtomics>();
+  return p.get();
+}
+
+void MetricsCounters::add_transfer(PeerAtomics* peer, uint64_t bytes, Clock::duration latency,
                                    bool ok) {
   auto us = std::chrono::duration_cast<std::chrono::microseconds>(latency).count();
   size_t bucket = us <= 0 ? 0 : static_cast<size_t>(std::bit_width(static_cast<uint64_t>(us)));
   bucket = std::min<size_t>(bucket, TransferMetricsSnapshot::kLatencyBuckets - 1);
   if (ok) latency_[bucket].fetch_add(1, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(peers_mu_);
-  auto& p = peers_[peer_engine];
+  if (!peer) return;
   if (ok) {
-    p.bytes += bytes;
-    p.transfers += 1;
+    peer->bytes.fetch_add(bytes, std::memory_order_relaxed);
+    peer->transfers.fetch_add(1, std::memory_order_relaxed);
   } else {
-    p.failures += 1;
+    peer->failures.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -55,7 +61,12 @@ TransferMetricsSnapshot MetricsCounters::snapshot() const {
   s.notices_sent = notices_sent_.load();
   s.notices_received = notices_received_.load();
   std::lock_guard<std::mutex> lock(peers_mu_);
-  s.peers = peers_;
+  for (const auto& [engine, p] : peers_) {
+    auto& out = s.peers[engine];
+    out.bytes = p->bytes.load(std::memory_order_relaxed);
+    out.transfers = p->transfers.load(std::memory_order_relaxed);
+    out.failures = p->failures.load(std::memory_order_relaxed);
+  }
   return s;
 }
 
@@ -70,7 +81,7 @@ bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
   }
   if (metrics) {
     if (kind) metrics->add_error(*kind);
-    metrics->add_transfer(peer ? peer->engine_id : 0, bytes, end - start, status.ok());
+    metrics->add_transfer(peer ? peer->stats : nullptr, bytes, end - start, status.ok());
   }
   cv.notify_all();
   return true;
