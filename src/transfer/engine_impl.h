@@ -106,12 +106,12 @@ struct TransferEngine::Impl : ProgressDriver {
       watchdog.join();
     }
     bool leaked = !stuck_rails.empty();
-    for (auto& r : stuck_rails) new std::shared_ptr<FabricRail>(r);  // leak on purpose
+    for (auto& r : stuck_rails) keep_rail_forever(r);  // its thread may still be inside
     RailsView view = rails_now();
     if (view) {
       for (auto& r : *view) {
         if (!r->stop()) {
-          new std::shared_ptr<FabricRail>(r);  // its thread still runs inside the provider
+          keep_rail_forever(r);  // its thread still runs inside the provider
           leaked = true;
         }
       }

@@ -29,6 +29,7 @@ struct KeptForever {
   std::mutex mu;
   std::vector<std::unique_ptr<RailEndpoint>> endpoints;
   std::vector<std::unique_ptr<RailStorage>> storage;
+  std::vector<std::shared_ptr<FabricRail>> rails;
 };
 KeptForever* const kept_forever = new KeptForever;
 
@@ -40,6 +41,11 @@ void keep_forever(std::vector<std::unique_ptr<RailEndpoint>>&& endpoints,
 }
 
 }  // namespace
+
+void keep_rail_forever(std::shared_ptr<FabricRail> rail) {
+  std::lock_guard<std::mutex> lock(kept_forever->mu);
+  kept_forever->rails.push_back(std::move(rail));
+}
 
 bool PeerRecord::alive() const {
   if (!same_host || pid <= 0) return true;

@@ -262,6 +262,11 @@ class FabricRail {
   bool wake_pending_ = false;            // guarded by sleep_mu_
 };
 
+// Keeps `rail` (a rail whose thread is, or may be, stuck inside the provider) for the rest of the
+// process, reachable from a global so that nothing it points at is freed and a leak checker
+// sees it as reachable rather than lost.
+void keep_rail_forever(std::shared_ptr<FabricRail> rail);
+
 // Stamps the progress lock's holder for busy_for(); constructed right after taking the lock.
 class FabricRail::Held {
  public:

@@ -84,11 +84,12 @@ struct PeerRecord {
 
   // False only when the peer is known to be gone (same host and kill(pid, 0) says ESRCH).
   bool alive() const;
-  // alive(), but asks the kernel at most once per kAliveRecheck (the posting path calls it for
-  // every pass; a peer that dies between two checks is caught by the completion timeout and the
-  // watchdog, as one that dies after the post is).
+  // alive(), but asks the kernel at most once per kAliveRecheckNs (100 us; the posting path
+  // calls it on every pass, which was a kill() per 4 KiB write). A peer that dies between two
+  // checks is caught by the completion timeout and the watchdog, as one that dies after the
+  // post is; the window is kept short because a post to a dead shm peer can get its rail stuck.
   bool probably_alive() const;
-  static constexpr int64_t kAliveRecheckNs = 1'000'000;
+  static constexpr int64_t kAliveRecheckNs = 100'000;
 
  private:
   mutable std::atomic<int64_t> alive_checked_ns_{0};
