@@ -301,17 +301,6 @@ std::shared_ptr<PeerRecord> FabricRail::posting_to() const {
   return posting_to_;
 }
 
-void FabricRail::prune_tracked() {
-  // Called with tracked_mu_ held. Finished transfers are dropped once the list doubled since the
-  // last sweep: amortised O(1) per call however many transfers are in flight.
-  if (tracked_.size() < tracked_prune_at_) return;
-  std::erase_if(tracked_, [](const std::weak_ptr<TransferState>& w) {
-    auto t = w.lock();
-    return !t || t->is_done();
-  });
-  tracked_prune_at_ = std::max<size_t>(4096, 2 * tracked_.size());
-}
-
 std::vector<RailWork> FabricRail::declare_stuck(const std::string& why) {
   std::vector<std::weak_ptr<TransferState>> victims;
   std::vector<RailWork> untouched;

@@ -149,7 +149,7 @@ class FabricRail {
   // Called with tracked_mu_ held: remembers the transfers of `work` (a container of RailWork).
   template <class Work>
   void track(const Work& work) {
-    prune_tracked();
+    sweep_finished(tracked_, &tracked_prune_at_, 4096);
     const TransferState* last = nullptr;
     for (const RailWork& w : work) {
       if (w.transfer.get() == last) continue;
@@ -157,7 +157,6 @@ class FabricRail {
       tracked_.push_back(w.transfer);
     }
   }
-  void prune_tracked();
   bool has_work() const;
   fi_addr_t addr_of(PeerRecord* peer) const;
   // rail_posting.cpp

@@ -239,16 +239,8 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
     state->writes_left.store(static_cast<int64_t>(slices.size()));
   }
   {
-    // Finished entries are dropped when the list has doubled since the last sweep: amortised
-    // O(1) per submit, where a sweep on every submit cost O(batches in flight).
     std::lock_guard<std::mutex> lock(peer->mu);
-    if (peer->recent.size() >= peer->recent_prune_at) {
-      std::erase_if(peer->recent, [](const std::weak_ptr<TransferState>& w) {
-        auto s = w.lock();
-        return !s || s->is_done();
-      });
-      peer->recent_prune_at = std::max<size_t>(64, 2 * peer->recent.size());
-    }
+    sweep_finished(peer->recent, &peer->recent_prune_at, 64);
     peer->recent.push_back(state);
   }
   for (size_t r = 0; r < nrails; ++r) {

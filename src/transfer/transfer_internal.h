@@ -138,6 +138,19 @@ struct TransferState {
   bool is_done() const { return finished.load(std::memory_order_acquire); }
 };
 
+// Drops finished (or freed) transfers from `list` once it has reached `*sweep_at`, and puts the
+// next sweep at twice what is left (at least `floor`): amortised O(1) per entry added, however
+// many transfers are in flight.
+inline void sweep_finished(std::vector<std::weak_ptr<TransferState>>& list, size_t* sweep_at,
+                           size_t floor) {
+  if (list.size() < *sweep_at) return;
+  std::erase_if(list, [](const std::weak_ptr<TransferState>& w) {
+    auto t = w.lock();
+    return !t || t->is_done();
+  });
+  *sweep_at = std::max(floor, 2 * list.size());
+}
+
 // One unit of work for a rail: a write slice or a notice.
 struct RailWork {
   enum class Kind : uint8_t { kWrite, kNotice } kind = Kind::kWrite;
