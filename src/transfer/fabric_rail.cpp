@@ -204,7 +204,7 @@ void FabricRail::reopen() {
     }
     slot.addr = addr;
   }
-  for (auto it = again.rbegin(); it != again.rend(); ++it) ready_.push_front(std::move(*it));
+  for (auto it = again.rbegin(); it != again.rend(); ++it) push_ready(std::move(*it), true);
 }
 
 std::string FabricRail::name() const {

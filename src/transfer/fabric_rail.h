@@ -161,6 +161,7 @@ class FabricRail {
   fi_addr_t addr_of(PeerRecord* peer) const;
   // rail_posting.cpp
   int post(RailWork& w, fi_addr_t dest);
+  void push_ready(RailWork&& w, bool front = false);  // keeps ready_peer_ true
   void post_ready();
   void post_deferred_notices();
   void send_notice_now(const std::shared_ptr<TransferState>& t);
@@ -242,7 +243,10 @@ class FabricRail {
   mutable std::mutex posting_mu_;
   std::shared_ptr<PeerRecord> posting_to_;  // set around each write / send post
 
-  std::deque<RailWork> ready_;
+  std::deque<RailWork> ready_;  // filled through push_ready()
+  // The peer every item of ready_ is for, or nullptr when they are for several peers: a
+  // refusal for that peer ends post_ready() at once instead of walking the whole queue.
+  PeerRecord* ready_peer_ = nullptr;
   std::deque<std::shared_ptr<TransferState>> deferred_notices_;
   std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
   // Writes and notices in flight, each at its OpContext::inflight_at (no allocation per post).
@@ -253,7 +257,15 @@ class FabricRail {
   size_t writes_inflight_ = 0;
   Clock::time_point last_timeout_check_ = Clock::now();
   Clock::time_point last_activity_ = Clock::now();  // last posted or completed operation
-  std::unordered_map<PeerRecord*, Clock::time_point> eagain_since_;
+  // Peers whose last write the provider refused with -FI_EAGAIN: since when (a peer refused
+  // for completion_timeout_ms fails), and how many of its writes were in flight then. While
+  // none of those has completed, posting to it again would only be refused again (shm: 3
+  // refusals per 4 KiB write, each behind the provider's lock), so post_ready() waits for one.
+  struct Refusal {
+    Clock::time_point since;
+    size_t inflight = 0;
+  };
+  std::unordered_map<PeerRecord*, Refusal> eagain_since_;
   std::unordered_map<PeerRecord*, size_t> peer_inflight_;  // posted writes per peer
   std::unordered_map<PeerRecord*, PeerSlot> peers_;  // inserted into this rail's AV
   bool reopen_wanted_ = false;  // set on a timeout; only the rail thread reopens

@@ -204,7 +204,7 @@ void FabricRail::check_timeouts() {
   }
   // A peer whose writes the provider keeps refusing with -FI_EAGAIN fails the same way.
   for (auto it = eagain_since_.begin(); it != eagain_since_.end();) {
-    if (now - it->second <= bound) { ++it; continue; }
+    if (now - it->second.since <= bound) { ++it; continue; }
     PeerRecord* peer = it->first;
     peer->unreachable.store(true);
     for (auto& w : ready_) {
@@ -233,7 +233,7 @@ int FabricRail::progress_once() {
       track(incoming_);
     }
     while (!incoming_.empty()) {
-      ready_.push_back(std::move(incoming_.front()));
+      push_ready(std::move(incoming_.front()));
       incoming_.pop_front();
     }
   }

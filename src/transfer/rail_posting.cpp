@@ -37,7 +37,7 @@ bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
     const int64_t now = steady_ns(Clock::now());
     driven_at_ns_.store(now, std::memory_order_relaxed);
     Held held(this, now);
-    for (auto& w : work) ready_.push_back(std::move(w));
+    for (auto& w : work) push_ready(std::move(w));
     post_ready();
     if (writes_inflight_ * 2 >= depth_ || now - last_read_ns_ > kSubmitterReadAfterNs) {
       if (read_completions() > 0 && !ready_.empty()) post_ready();
@@ -108,6 +108,14 @@ int FabricRail::post(RailWork& w, fi_addr_t dest) {
   return 0;
 }
 
+void FabricRail::push_ready(RailWork&& w, bool front) {
+  PeerRecord* peer = w.transfer->peer.get();
+  if (ready_.empty()) ready_peer_ = peer;
+  else if (ready_peer_ != peer) ready_peer_ = nullptr;
+  if (front) ready_.push_front(std::move(w));
+  else ready_.push_back(std::move(w));
+}
+
 void FabricRail::post_ready() {
   // Each peer may hold at most three quarters of the TX depth, so that a peer that stops
   // answering cannot take every credit before it is declared dead. Items of a capped (or
@@ -159,7 +167,12 @@ void FabricRail::post_ready() {
       continue;
     }
     int rc = -FI_EAGAIN;
-    if (peer_inflight_[peer] < peer_cap) {
+    size_t& inflight = peer_inflight_[peer];  // stable: unordered_map never moves its values
+    auto refusal = eagain_since_.empty() ? eagain_since_.end() : eagain_since_.find(peer);
+    const bool wait_for_completion = refusal != eagain_since_.end() &&
+                                     refusal->second.inflight > 0 &&
+                                     inflight >= refusal->second.inflight;
+    if (inflight < peer_cap && !wait_for_completion) {
       if (posting != peer) {
         set_posting_to(w.transfer->peer);
         posting = peer;
@@ -174,14 +187,20 @@ void FabricRail::post_ready() {
     }
     ++posted_since_check;
     if (rc == -FI_EAGAIN) {  // progress (completions) frees credits; others may go on
-      if (peer_inflight_[peer] < peer_cap) eagain_since_.try_emplace(peer, Clock::now());
+      if (inflight < peer_cap) {
+        if (refusal == eagain_since_.end()) {
+          refusal = eagain_since_.emplace(peer, Refusal{Clock::now()}).first;
+        }
+        refusal->second.inflight = inflight;
+      }
+      if (peer == ready_peer_) break;  // all that is queued is for this peer
       if (!blocked_one) blocked_one = peer;
       else blocked.insert(peer);
       if (blocked.size() > 16) break;
       ++it;
       continue;
     }
-    if (!eagain_since_.empty()) eagain_since_.erase(peer);
+    if (refusal != eagain_since_.end()) eagain_since_.erase(refusal);
     if (rc != 0) {
       t->finish(Internal(fabric_error(fmt::format("rail {}: fi_writemsg of {} bytes", index_, w.len),
                                       rc)),

@@ -283,6 +283,53 @@ TEST_F(FabricRailTest, FullProviderQueueIsAnsweredByReadingCompletions) {
   EXPECT_LE(fabric_->max_writes_in_flight, 3u);
 }
 
+// A refusal with writes in flight is not asked again until one of them completes: each pass
+// would be refused again (and shm refuses behind its lock). With nothing in flight the rail
+// keeps asking every pass, since nothing of its own would ever reopen the gate.
+TEST_F(FabricRailTest, RefusedPeerIsAskedAgainOnlyOnceOneOfItsWritesCompleted) {
+  fabric_->queue_entries = 4;
+  fabric_->hold_completions = true;
+  auto rail = make_rail();
+  auto peer = add_peer(*rail, "A", 0xa);
+  Batch b = make_batch(peer, 10, 0);
+  auto t = b.state;
+  rail->enqueue(std::move(b.work));
+  for (int i = 0; i < 50; ++i) rail->try_progress();
+  {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    EXPECT_EQ(fabric_->accepted.size(), 4u);
+    EXPECT_EQ(fabric_->refusals, 1u) << "asked again while none of its writes completed";
+  }
+  fabric_->release(1);
+  for (int i = 0; i < 50; ++i) rail->try_progress();
+  {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    EXPECT_EQ(fabric_->accepted.size(), 5u) << "the freed entry was not used";
+    EXPECT_EQ(fabric_->refusals, 2u);
+  }
+  fabric_->hold_completions = false;
+  fabric_->release();
+  ASSERT_TRUE(drive(*rail, [&] { return t->is_done(); }));
+  EXPECT_TRUE(status_of(t).ok()) << status_of(t).to_string();
+  EXPECT_EQ(fabric_->accepted_count(), 10u);
+}
+
+TEST_F(FabricRailTest, RefusalWithNothingInFlightIsRetriedEveryPass) {
+  fabric_->refuse_each_post = 5;
+  auto rail = make_rail();
+  auto peer = add_peer(*rail, "A", 0xa);
+  Batch b = make_batch(peer, 1, 0);
+  auto t = b.state;
+  rail->enqueue(std::move(b.work));
+  for (int i = 0; i < 3; ++i) rail->try_progress();
+  {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    EXPECT_GE(fabric_->refusals, 3u) << "a refused post with nothing in flight was not retried";
+  }
+  ASSERT_TRUE(drive(*rail, [&] { return t->is_done(); }));
+  EXPECT_TRUE(status_of(t).ok()) << status_of(t).to_string();
+}
+
 TEST_F(FabricRailTest, NeverMoreThanTheTxDepthInFlightNorThreeQuartersToOnePeer) {
   fabric_->hold_completions = true;
   TransferSettings s;
