@@ -56,10 +56,10 @@ bool PeerRecord::alive() const {
   return false;
 }
 
-bool PeerRecord::probably_alive() const {
+bool PeerRecord::probably_alive(int64_t now_ns) const {
   if (!same_host || pid <= 0) return true;
   if (gone_.load(std::memory_order_relaxed)) return false;
-  if (steady_ns(Clock::now()) - alive_checked_ns_.load(std::memory_order_relaxed) <
+  if (now_ns - alive_checked_ns_.load(std::memory_order_relaxed) <
       kAliveRecheckNs) {
     return true;
   }

@@ -204,6 +204,10 @@ class FabricRail {
 
   mutable std::timed_mutex progress_mu_;
   std::atomic<int64_t> held_since_ns_{0};  // steady clock of the current holder's start; 0: free
+  // The same instant as a time point, for the pass's own needs (posted-at stamps, liveness
+  // cache, timeouts): one clock read per pass instead of one per write. Set by Held, and read
+  // only under progress_mu_ (every post happens inside a Held pass).
+  Clock::time_point pass_now_ = Clock::now();
   std::atomic<int64_t> driven_at_ns_{0};   // steady clock of the last try_progress() pass
   std::unique_ptr<RailEndpoint> ep_;        // null while out of service
   uint64_t remote_writes_seen_ = 0;
@@ -284,6 +288,7 @@ class FabricRail::Held {
   explicit Held(FabricRail* rail) : Held(rail, steady_ns(Clock::now())) {}
   Held(FabricRail* rail, int64_t now_ns) : rail_(rail) {
     rail_->held_since_ns_.store(now_ns, std::memory_order_relaxed);
+    rail_->pass_now_ = Clock::time_point(std::chrono::nanoseconds(now_ns));
   }
   ~Held() { rail_->held_since_ns_.store(0, std::memory_order_relaxed); }
   Held(const Held&) = delete;

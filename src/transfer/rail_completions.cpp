@@ -163,7 +163,7 @@ void FabricRail::abandon(OpContext* op, Status why, TransferErrorKind kind) {
 }
 
 void FabricRail::check_timeouts() {
-  auto now = Clock::now();
+  const auto now = pass_now_;
   if (now - last_timeout_check_ < std::chrono::milliseconds(5)) return;
   last_timeout_check_ = now;
   const auto bound = std::chrono::milliseconds(settings_.completion_timeout_ms);

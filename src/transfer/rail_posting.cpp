@@ -100,8 +100,8 @@ int FabricRail::post(RailWork& w, fi_addr_t dest) {
     return static_cast<int>(rc);
   }
   op->work = std::move(w);
-  op->posted = Clock::now();
-  last_activity_ = op->posted;
+  op->posted = pass_now_;
+  last_activity_ = pass_now_;
   add_inflight(op);
   ++writes_inflight_;
   ++peer_inflight_[op->work.transfer->peer.get()];
@@ -145,7 +145,7 @@ void FabricRail::post_ready() {
       posted_since_check = 0;
       if (!checked_one) checked_one = peer;
       else checked.insert(peer);
-      if (!peer->probably_alive()) peer->unreachable.store(true);
+      if (!peer->probably_alive(steady_ns(pass_now_))) peer->unreachable.store(true);
     }
     if (peer->unreachable.load(std::memory_order_relaxed)) {
       t->finish(Unavailable(fmt::format("peer {:016x} is unreachable (an earlier transfer to it "
@@ -189,7 +189,7 @@ void FabricRail::post_ready() {
     if (rc == -FI_EAGAIN) {  // progress (completions) frees credits; others may go on
       if (inflight < peer_cap) {
         if (refusal == eagain_since_.end()) {
-          refusal = eagain_since_.emplace(peer, Refusal{Clock::now()}).first;
+          refusal = eagain_since_.emplace(peer, Refusal{pass_now_}).first;
         }
         refusal->second.inflight = inflight;
       }
@@ -221,7 +221,7 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
     pending_notices_.push_back(t);
     return;
   }
-  if (t->peer->unreachable.load() || !t->peer->probably_alive()) {
+  if (t->peer->unreachable.load() || !t->peer->probably_alive(steady_ns(pass_now_))) {
     t->peer->unreachable.store(true);
     t->finish(Unavailable(fmt::format("notice {} not sent: peer {:016x} is unreachable (pid {})",
                                       *t->notify_tag, t->peer->engine_id, t->peer->pid)),
@@ -245,7 +245,7 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
     return;
   }
   op->work.transfer = t;
-  op->posted = Clock::now();
+  op->posted = pass_now_;
   add_inflight(op);
 }
 
@@ -273,7 +273,7 @@ OpContext* FabricRail::send_wire(OpContext::Kind kind, const NoticeWire& wire, f
 void FabricRail::maybe_wake(PeerSlot& slot) {
   const auto hot = std::chrono::microseconds(settings_.idle_poll_us);
   if (!wake_peers_ || hot.count() <= 0 || !ep_ || slot.addr == FI_ADDR_NOTAVAIL) return;
-  const auto now = Clock::now();
+  const auto now = pass_now_;
   if (now - slot.woken < hot / 2) return;
   ssize_t rc = 0;
   OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0},

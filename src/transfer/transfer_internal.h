@@ -88,7 +88,8 @@ struct PeerRecord {
   // calls it on every pass, which was a kill() per 4 KiB write). A peer that dies between two
   // checks is caught by the completion timeout and the watchdog, as one that dies after the
   // post is; the window is kept short because a post to a dead shm peer can get its rail stuck.
-  bool probably_alive() const;
+  // `now_ns`: the caller's steady clock (a progress pass reads it once).
+  bool probably_alive(int64_t now_ns) const;
   static constexpr int64_t kAliveRecheckNs = 100'000;
 
  private:
