@@ -29,7 +29,8 @@ void add_bench_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--rails", a->rails, "rails (endpoints) of the engine")->check(CLI::Range(1, 64));
   cmd->add_option("--window", a->window, "writes in flight")->check(CLI::PositiveNumber);
   cmd->add_option("--rounds", a->rounds,
-                  "rounds of (ours, then raw) at every size; each figure is the median")
+                  "rounds of (ours, then raw) at every size; each figure is the median, and the "
+                  "ratio is the median of the rounds' ours/raw (their range is printed too)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--delivery-complete", a->delivery_complete,
                   "post both ours and the raw loop's writes with FI_DELIVERY_COMPLETE (true, the "
@@ -69,18 +70,24 @@ void add_bench_command(CLI::App& app, int* exit_code) {
       return;
     }
     nlohmann::json j = nlohmann::json::array();
-    std::printf("%-14s %12s %10s %10s %10s %10s %7s  (delivery_complete=%s on both sides; "
-                "medians of %ld rounds)\n",
+    const std::string cc = tcp_congestion_control(o.provider);
+    std::printf("%-14s %12s %10s %10s %10s %10s %7s %13s  (delivery_complete=%s on both sides; "
+                "medians of %ld rounds%s%s)\n",
                 "provider", "size_bytes", "GB/s", "p50_us", "p99_us", "raw_GB/s", "ratio",
-                o.delivery_complete ? "true" : "false", static_cast<long>(o.rounds));
+                "ratio_range", o.delivery_complete ? "true" : "false",
+                static_cast<long>(o.rounds), cc.empty() ? "" : "; tcp congestion control ",
+                cc.c_str());
     for (const auto& r : *rows) {
-      std::printf("%-14s %12lu %10.3f %10.1f %10.1f %10.3f %7.3f\n", r.provider.c_str(),
-                  static_cast<unsigned long>(r.size_bytes), r.gbps, r.p50_us, r.p99_us, r.raw_gbps,
-                  r.ratio);
-      j.push_back({{"provider", r.provider}, {"size_bytes", r.size_bytes}, {"gbps", r.gbps},
-                   {"p50_us", r.p50_us}, {"p99_us", r.p99_us}, {"raw_gbps", r.raw_gbps},
-                   {"ratio", r.ratio}, {"rounds", r.rounds},
-                   {"delivery_complete", o.delivery_complete}});
+      std::printf("%-14s %12lu %10.3f %10.1f %10.1f %10.3f %7.3f %6.3f-%-6.3f\n",
+                  r.provider.c_str(), static_cast<unsigned long>(r.size_bytes), r.gbps, r.p50_us,
+                  r.p99_us, r.raw_gbps, r.ratio, r.ratio_min, r.ratio_max);
+      nlohmann::json row = {{"provider", r.provider}, {"size_bytes", r.size_bytes},
+                            {"gbps", r.gbps}, {"p50_us", r.p50_us}, {"p99_us", r.p99_us},
+                            {"raw_gbps", r.raw_gbps}, {"ratio", r.ratio},
+                            {"ratio_min", r.ratio_min}, {"ratio_max", r.ratio_max},
+                            {"rounds", r.rounds}, {"delivery_complete", o.delivery_complete}};
+      if (!cc.empty()) row["tcp_congestion_control"] = cc;
+      j.push_back(std::move(row));
     }
     if (!a->json.empty()) {
       std::ofstream f(a->json);

@@ -31,7 +31,10 @@ struct TransferBenchRow {
   std::string provider;
   uint64_t size_bytes = 0;
   int64_t rounds = 0;
-  double gbps = 0, p50_us = 0, p99_us = 0, raw_gbps = 0, ratio = 0;
+  double gbps = 0, p50_us = 0, p99_us = 0, raw_gbps = 0;
+  // ours/raw: the median of the rounds' own ratios (ours and raw of one round ran back to back
+  // on the same pair of processes), and the lowest and highest of them.
+  double ratio = 0, ratio_min = 0, ratio_max = 0;
 };
 
 Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOptions& opts);
@@ -42,6 +45,10 @@ int run_transfer_bench_round(const TransferBenchOptions& opts);
 // process exit code.
 int run_transfer_bench_target(const std::string& provider, int64_t rails, uint64_t region_bytes);
 // "4KiB,64KiB,1MiB" -> bytes; InvalidArgument names the bad item.
+// For a provider over kernel TCP ("tcp", "tcp;ofi_rxm", "sockets"): this host's congestion
+// control (net.ipv4.tcp_congestion_control), which shapes loopback figures (BBR paces a
+// loopback flow, and its rate is bimodal from run to run); "" for other providers.
+std::string tcp_congestion_control(const std::string& provider);
 Result<std::vector<uint64_t>> parse_sizes(const std::string& list);
 
 }  // namespace cleave::transfer

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <iostream>
 
 #include "cleave/transfer/transfer_engine.h"
@@ -291,7 +292,7 @@ Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOpti
         "bench: need at least one size, --iters >= 1, --window >= 1 and --rounds >= 1");
   }
   const size_t n = o.sizes.size();
-  std::vector<std::vector<double>> gbps(n), raw(n), p50(n), p99(n);
+  std::vector<std::vector<double>> gbps(n), raw(n), p50(n), p99(n), ratio(n);
   std::string provider;
   for (int64_t round = 0; round < o.rounds; ++round) {
     TargetProcess child;  // the round's initiator (it starts its own target)
@@ -310,6 +311,7 @@ Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOpti
       p50[k].push_back(a);
       p99[k].push_back(b);
       raw[k].push_back(r);
+      ratio[k].push_back(r > 0 ? g / r : 0);
     }
     CLEAVE_RETURN_IF_ERROR(child.expect("END").status());
   }
@@ -323,10 +325,20 @@ Result<std::vector<TransferBenchRow>> run_transfer_bench(const TransferBenchOpti
     row.raw_gbps = percentile(raw[k], 0.5);
     row.p50_us = percentile(p50[k], 0.5);
     row.p99_us = percentile(p99[k], 0.5);
-    row.ratio = row.raw_gbps > 0 ? row.gbps / row.raw_gbps : 0;
+    row.ratio = percentile(ratio[k], 0.5);
+    row.ratio_min = *std::min_element(ratio[k].begin(), ratio[k].end());
+    row.ratio_max = *std::max_element(ratio[k].begin(), ratio[k].end());
     rows.push_back(row);
   }
   return rows;
+}
+
+std::string tcp_congestion_control(const std::string& provider) {
+  if (provider.rfind("tcp", 0) != 0 && provider.rfind("sockets", 0) != 0) return "";
+  std::ifstream f("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string cc;
+  if (!(f >> cc)) return "unknown";
+  return cc;
 }
 
 }  // namespace cleave::transfer
