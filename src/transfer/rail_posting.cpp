@@ -42,6 +42,9 @@ bool FabricRail::try_enqueue(std::vector<RailWork>& work) {
     if (writes_inflight_ * 2 >= depth_ || now - last_read_ns_ > kSubmitterReadAfterNs) {
       if (read_completions() > 0 && !ready_.empty()) post_ready();
     }
+    // A notice whose batches are done goes out now, from this thread: left to the next pass
+    // it would wait for the rail's thread to wake up (up to a nap, more on a busy machine).
+    if (!deferred_notices_.empty() || !pending_notices_.empty()) post_deferred_notices();
     lock.unlock();
   } else {
     std::lock_guard<std::mutex> ilock(incoming_mu_);

@@ -247,6 +247,51 @@ TEST_F(FabricRailTest, NotifyWaitsForAnEarlierBatchToThePeer) {
   EXPECT_TRUE(status_of(notice).ok()) << status_of(notice).to_string();
 }
 
+// The notice is latency: the decode worker starts when it arrives. A notice whose batch is
+// done goes out from the submitting thread itself (no progress pass, the rail's thread off),
+// and one that waits for a batch goes out in the very pass that completes the batch.
+TEST_F(FabricRailTest, NoticeGoesOutFromTheSubmitterOrInThePassThatEndsItsBatch) {
+  auto rail = make_rail();
+  auto peer = add_peer(*rail, "A", 0xa);
+  auto notice_for = [&](const std::shared_ptr<TransferState>& batch, uint64_t tag) {
+    auto n = std::make_shared<TransferState>();
+    n->metrics = &metrics_;
+    n->peer = peer;
+    n->notify_tag = tag;
+    n->predecessors.push_back(batch);
+    RailWork w;
+    w.kind = RailWork::Kind::kNotice;
+    w.transfer = n;
+    std::vector<RailWork> v;
+    v.push_back(std::move(w));
+    return std::make_pair(n, std::move(v));
+  };
+  Batch done = make_batch(peer, 2, 0);
+  auto done_state = done.state;
+  rail->enqueue(std::move(done.work));
+  ASSERT_TRUE(drive(*rail, [&] { return done_state->is_done(); }));
+  auto [n1, w1] = notice_for(done_state, 1);
+  rail->enqueue(std::move(w1));
+  EXPECT_EQ(fabric_->accepted_count(), 3u) << "the notice waited for a progress pass";
+
+  fabric_->hold_completions = true;
+  Batch pending = make_batch(peer, 2, 1 << 20);
+  auto pending_state = pending.state;
+  rail->enqueue(std::move(pending.work));
+  auto [n2, w2] = notice_for(pending_state, 2);
+  rail->enqueue(std::move(w2));
+  rail->try_progress();  // reads n1's completion
+  EXPECT_EQ(fabric_->accepted_count(), 5u);  // + the two writes, no notice yet
+  fabric_->release();
+  rail->try_progress();  // reads the writes' completions: the notice goes out in this pass
+  EXPECT_TRUE(pending_state->is_done());
+  EXPECT_EQ(fabric_->accepted_count(), 6u) << "the notice waited for another pass";
+  fabric_->hold_completions = false;
+  fabric_->release();
+  ASSERT_TRUE(drive(*rail, [&] { return n1->is_done() && n2->is_done(); }));
+  EXPECT_TRUE(status_of(n1).ok() && status_of(n2).ok());
+}
+
 TEST_F(FabricRailTest, EagainStormEveryPostRefusedSevenTimesThenAccepted) {
   fabric_->refuse_each_post = 7;
   auto rail = make_rail();
