@@ -3,7 +3,13 @@
 //   DESC <hex remote descriptor>
 // and then, for every notice, hashes part (tag >> 32) of the region (the region is cut into
 // `parts` equal parts) and prints "NOTICE <tag> <hash>". It exits when its stdin closes.
-// Usage: transfer_test_peer PROVIDER RAILS REGION_BYTES PARTS
+// With REGION_FILE the region is that file, mapped shared (the test maps it too and can look at
+// the target's memory at any moment, not only when a notice arrives).
+// Usage: transfer_test_peer PROVIDER RAILS REGION_BYTES PARTS [REGION_FILE]
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -17,8 +23,8 @@
 using namespace cleave::transfer;
 
 int main(int argc, char** argv) {
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: %s PROVIDER RAILS REGION_BYTES PARTS\n", argv[0]);
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: %s PROVIDER RAILS REGION_BYTES PARTS [REGION_FILE]\n", argv[0]);
     return 2;
   }
   TransferSettings settings;
@@ -33,8 +39,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto& e = **engine;
-  std::vector<char> region(region_bytes, 0);
-  auto mr = e.register_memory(region.data(), region.size(), MemoryKind::host());
+  std::vector<char> owned;
+  char* region = nullptr;
+  if (argc == 6) {
+    int fd = open(argv[5], O_RDWR);
+    void* p = fd < 0 ? MAP_FAILED
+                     : mmap(nullptr, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      std::fprintf(stderr, "peer: cannot map %s\n", argv[5]);
+      return 1;
+    }
+    close(fd);
+    region = static_cast<char*>(p);
+  } else {
+    owned.assign(region_bytes, 0);
+    region = owned.data();
+  }
+  auto mr = e.register_memory(region, region_bytes, MemoryKind::host());
   if (!mr.ok()) {
     std::fprintf(stderr, "peer: %s\n", mr.status().to_string().c_str());
     return 1;
@@ -53,7 +74,7 @@ int main(int argc, char** argv) {
     if (!n.ok()) continue;
     uint64_t part = n->tag >> 32;
     if (part >= parts) part = 0;
-    uint64_t h = testing::checksum(region.data() + part * part_bytes, part_bytes);
+    uint64_t h = testing::checksum(region + part * part_bytes, part_bytes);
     std::cout << "NOTICE " << n->tag << " " << h << std::endl;
   }
   stdin_watch.join();

@@ -3,6 +3,8 @@
 // Two real processes on 127.0.0.1: this test (initiator) writes into a transfer_test_peer
 // (target) over tcp;ofi_rxm and shm, and the target checks every byte when the notice arrives.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <numeric>
@@ -38,11 +40,13 @@ class TwoProcessTest : public ::testing::TestWithParam<std::string> {
     engine_ = std::move(e).value();
   }
 
-  Target start_target(uint64_t region_bytes, uint64_t parts, int rails = 2) {
+  Target start_target(uint64_t region_bytes, uint64_t parts, int rails = 2,
+                      const std::string& region_file = "") {
     Target t;
-    t.proc = std::make_unique<PeerProcess>(std::vector<std::string>{
-        TRANSFER_TEST_PEER, GetParam(), std::to_string(rails), std::to_string(region_bytes),
-        std::to_string(parts)});
+    std::vector<std::string> argv{TRANSFER_TEST_PEER, GetParam(), std::to_string(rails),
+                                  std::to_string(region_bytes), std::to_string(parts)};
+    if (!region_file.empty()) argv.push_back(region_file);
+    t.proc = std::make_unique<PeerProcess>(argv);
     EXPECT_TRUE(t.proc->started());
     auto addr = t.proc->wait_line("ADDR", 10s);
     auto desc = t.proc->wait_line("DESC", 10s);
@@ -101,6 +105,42 @@ TEST_P(TwoProcessTest, SizesFromOneByteTo64MiBArriveIntact) {
   EXPECT_EQ(total, expected);
   EXPECT_GT(m.rail_writes[1], 0u) << "slices were not spread over the second rail";
   EXPECT_EQ(m.notices_sent, cases.size());
+}
+
+// A handle completes only once its data is in the target's memory (FI_DELIVERY_COMPLETE, the
+// engine's default): the target's region is a file both processes map, so the test reads the
+// target's bytes the moment wait() returns, with no notice in between.
+TEST_P(TwoProcessTest, ACompletedWriteIsAlreadyInTheTargetsMemory) {
+  const uint64_t region = 8ull << 20;
+  char path[] = "/tmp/cleave_region_XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(region)), 0);
+  void* p = mmap(nullptr, region, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(p, MAP_FAILED);
+  const auto* target_mem = static_cast<const volatile unsigned char*>(p);
+  Target t = start_target(region, 1, 2, path);
+  ASSERT_NE(t.peer, 0u);
+  std::vector<unsigned char> src(region);
+  auto mr = engine_->register_memory(src.data(), src.size(), MemoryKind::host());
+  ASSERT_TRUE(mr.ok()) << mr.status().to_string();
+  int round = 0;
+  for (uint64_t len : {uint64_t{4096}, uint64_t{65536}, uint64_t{1} << 20, region}) {
+    for (int i = 0; i < 10; ++i, ++round) {
+      const auto pattern = static_cast<unsigned char>(1 + round % 255);
+      std::memset(src.data(), pattern, len);
+      auto h = engine_->submit(Batch{t.peer, {{mr->id, 0, t.desc, 0, len}}, std::nullopt});
+      ASSERT_TRUE(h.ok()) << h.status().to_string();
+      ASSERT_TRUE(h->wait(30s).ok()) << h->wait(0ms).to_string();
+      uint64_t missing = 0;
+      for (uint64_t k = 0; k < len; ++k) missing += target_mem[k] != pattern;
+      ASSERT_EQ(missing, 0u) << len << "-byte write " << i << ": the handle completed before "
+                             << missing << " of its bytes were in the target's memory";
+    }
+  }
+  munmap(p, region);
+  unlink(path);
 }
 
 TEST_P(TwoProcessTest, ThousandsOfScatteredBlocksInOneBatch) {
