@@ -87,6 +87,22 @@ class FabricRailTest : public ::testing::Test {
     return b;
   }
 
+  // A notice with `tag` to `peer`, to be posted once `after` (if any) has completed.
+  Batch make_notice(const std::shared_ptr<PeerRecord>& peer, uint64_t tag,
+                    const std::shared_ptr<TransferState>& after) {
+    Batch b;
+    b.state = std::make_shared<TransferState>();
+    b.state->metrics = &metrics_;
+    b.state->peer = peer;
+    b.state->notify_tag = tag;
+    if (after) b.state->predecessors.push_back(after);
+    RailWork w;
+    w.kind = RailWork::Kind::kNotice;
+    w.transfer = b.state;
+    b.work.push_back(std::move(w));
+    return b;
+  }
+
   // Progress until `done` holds or `limit` passes; false on the limit.
   static bool drive(FabricRail& rail, const std::function<bool()>& done,
                     std::chrono::milliseconds limit = 20s) {
@@ -222,18 +238,10 @@ TEST_F(FabricRailTest, NotifyWaitsForAnEarlierBatchToThePeer) {
   auto rail = make_rail();
   auto peer = add_peer(*rail, "A", 0xa);
   Batch data = make_batch(peer, 3, 0);
-  auto notice = std::make_shared<TransferState>();
-  notice->metrics = &metrics_;
-  notice->peer = peer;
-  notice->notify_tag = 7;
-  notice->predecessors.push_back(data.state);
-  RailWork nw;
-  nw.kind = RailWork::Kind::kNotice;
-  nw.transfer = notice;
+  Batch n = make_notice(peer, 7, data.state);
+  auto notice = n.state;
   rail->enqueue(std::move(data.work));
-  std::vector<RailWork> v;
-  v.push_back(std::move(nw));
-  rail->enqueue(std::move(v));
+  rail->enqueue(std::move(n.work));
   for (int i = 0; i < 20; ++i) rail->try_progress();
   EXPECT_EQ(fabric_->accepted_count(), 3u);
   fabric_->release(2);
@@ -253,33 +261,22 @@ TEST_F(FabricRailTest, NotifyWaitsForAnEarlierBatchToThePeer) {
 TEST_F(FabricRailTest, NoticeGoesOutFromTheSubmitterOrInThePassThatEndsItsBatch) {
   auto rail = make_rail();
   auto peer = add_peer(*rail, "A", 0xa);
-  auto notice_for = [&](const std::shared_ptr<TransferState>& batch, uint64_t tag) {
-    auto n = std::make_shared<TransferState>();
-    n->metrics = &metrics_;
-    n->peer = peer;
-    n->notify_tag = tag;
-    n->predecessors.push_back(batch);
-    RailWork w;
-    w.kind = RailWork::Kind::kNotice;
-    w.transfer = n;
-    std::vector<RailWork> v;
-    v.push_back(std::move(w));
-    return std::make_pair(n, std::move(v));
-  };
   Batch done = make_batch(peer, 2, 0);
   auto done_state = done.state;
   rail->enqueue(std::move(done.work));
   ASSERT_TRUE(drive(*rail, [&] { return done_state->is_done(); }));
-  auto [n1, w1] = notice_for(done_state, 1);
-  rail->enqueue(std::move(w1));
+  Batch b1 = make_notice(peer, 1, done_state);
+  auto n1 = b1.state;
+  rail->enqueue(std::move(b1.work));
   EXPECT_EQ(fabric_->accepted_count(), 3u) << "the notice waited for a progress pass";
 
   fabric_->hold_completions = true;
   Batch pending = make_batch(peer, 2, 1 << 20);
   auto pending_state = pending.state;
   rail->enqueue(std::move(pending.work));
-  auto [n2, w2] = notice_for(pending_state, 2);
-  rail->enqueue(std::move(w2));
+  Batch b2 = make_notice(peer, 2, pending_state);
+  auto n2 = b2.state;
+  rail->enqueue(std::move(b2.work));
   rail->try_progress();  // reads n1's completion
   EXPECT_EQ(fabric_->accepted_count(), 5u);  // + the two writes, no notice yet
   fabric_->release();
