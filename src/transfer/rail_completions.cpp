@@ -247,11 +247,11 @@ int FabricRail::progress_once() {
     return n;
   }
   if (!ready_.empty()) post_ready();
-  if (!deferred_notices_.empty() || !pending_notices_.empty()) post_deferred_notices();
   int n = read_completions();
   if (n > 0 && !ready_.empty()) post_ready();  // completions freed credits
-  // ... and may have finished the batches a deferred notice waits for.
-  if (n > 0 && !deferred_notices_.empty()) post_deferred_notices();
+  // After the read: it may have finished the batches a deferred notice waits for, and freed
+  // the send slots a pending one waits for.
+  if (!deferred_notices_.empty() || !pending_notices_.empty()) post_deferred_notices();
   if (!inflight_.empty() || !eagain_since_.empty()) check_timeouts();
   return n;
 }

@@ -45,10 +45,10 @@ int run_transfer_bench_round(const TransferBenchOptions& opts);
 // process exit code.
 int run_transfer_bench_target(const std::string& provider, int64_t rails, uint64_t region_bytes);
 // "4KiB,64KiB,1MiB" -> bytes; InvalidArgument names the bad item.
+Result<std::vector<uint64_t>> parse_sizes(const std::string& list);
 // For a provider over kernel TCP ("tcp", "tcp;ofi_rxm", "sockets"): this host's congestion
 // control (net.ipv4.tcp_congestion_control), which shapes loopback figures (BBR paces a
 // loopback flow, and its rate is bimodal from run to run); "" for other providers.
 std::string tcp_congestion_control(const std::string& provider);
-Result<std::vector<uint64_t>> parse_sizes(const std::string& list);
 
 }  // namespace cleave::transfer

@@ -121,6 +121,7 @@ TEST_P(TwoProcessTest, ACompletedWriteIsAlreadyInTheTargetsMemory) {
   ASSERT_NE(p, MAP_FAILED);
   const auto* target_mem = static_cast<const volatile unsigned char*>(p);
   Target t = start_target(region, 1, 2, path);
+  unlink(path);  // both processes have it mapped by now
   ASSERT_NE(t.peer, 0u);
   std::vector<unsigned char> src(region);
   auto mr = engine_->register_memory(src.data(), src.size(), MemoryKind::host());
@@ -140,7 +141,6 @@ TEST_P(TwoProcessTest, ACompletedWriteIsAlreadyInTheTargetsMemory) {
     }
   }
   munmap(p, region);
-  unlink(path);
 }
 
 TEST_P(TwoProcessTest, ThousandsOfScatteredBlocksInOneBatch) {
