@@ -103,8 +103,10 @@ float dot_row(const TensorView& w, int64_t r, const float* x) {
     std::vector<int8_t> q(static_cast<size_t>(n));
     std::vector<float> d(static_cast<size_t>(n / kQK));
     std::vector<int16_t> sum16(static_cast<size_t>(n / 16));
-    set.quantize_acts(x, n, 1, n, q.data(), d.data(), sum16.data());
-    set.qdot(w.dtype, row, row_bytes, 1, {q.data(), d.data(), sum16.data(), n}, 1, &y, 0);
+    std::vector<float> sum32(static_cast<size_t>(n / kQK));
+    set.quantize_acts(x, n, 1, n, q.data(), d.data(), sum16.data(), sum32.data());
+    set.qdot(w.dtype, row, row_bytes, 1, {q.data(), d.data(), sum16.data(), sum32.data(), n}, 1,
+             &y, 0);
     return y;
   }
   set.dot_tile[static_cast<size_t>(w.dtype)](row, row_bytes, 1, x, 0, 1, n, &y, 0);

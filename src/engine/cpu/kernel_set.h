@@ -66,6 +66,7 @@ struct QuantActs {
   const int8_t* q;      // [n_tokens][n] levels
   const float* d;       // [n_tokens][n / 32] block scales
   const int16_t* sum16; // [n_tokens][n / 16] sums of each 16 consecutive levels
+  const float* sum32;   // [n_tokens][n / 32] float(sum of the block's 32 levels), exact
   int64_t n;            // elements per token
 };
 // Whether block format t has a scale per 16 elements (applied to the integer lane sums).
@@ -73,9 +74,9 @@ inline bool sub16_scales(DType t) {
   return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ6_K;
 }
 // Quantises n_tokens rows of n elements (n a multiple of 32; row t at x + t * x_stride) into
-// q, d and sum16 laid out as QuantActs describes.
+// q, d, sum16 and sum32 laid out as QuantActs describes.
 using QuantizeActsFn = void (*)(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                                int8_t* q, float* d, int16_t* sum16);
+                                int8_t* q, float* d, int16_t* sum16, float* sum32);
 // y[t * y_stride + r] = the integer-path dot of row r with token t, r < nr, t < nt (any sizes);
 // x points at token 0's activations.
 using QDotFn = void (*)(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
@@ -97,11 +98,11 @@ struct KernelSet {
 // AVX-512 VNNI (qdot_avx512.cpp, vpdpbusd on 256-bit vectors). The AVX-512 set uses the VNNI
 // kernels where the CPU has AVX512-VNNI/VL/BW and the AVX2 ones elsewhere; all give the same bits.
 void quantize_acts_generic(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                           int8_t* q, float* d, int16_t* sum16);
+                           int8_t* q, float* d, int16_t* sum16, float* sum32);
 void qdot_generic(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                   const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                        int8_t* q, float* d, int16_t* sum16);
+                        int8_t* q, float* d, int16_t* sum16, float* sum32);
 void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,

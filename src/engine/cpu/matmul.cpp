@@ -25,6 +25,7 @@ struct ActScratch {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int16_t> sum16;
+  std::vector<float> sum32;
 };
 
 detail::QuantActs quantize_acts(const detail::KernelSet& set, const float* x, int64_t in_stride,
@@ -35,9 +36,11 @@ detail::QuantActs quantize_acts(const detail::KernelSet& set, const float* x, in
     s.q.resize(total);
     s.d.resize(total / kQK);
     s.sum16.resize(total / 16);
+    s.sum32.resize(total / kQK);
   }
-  set.quantize_acts(x, in_stride, n_tokens, n, s.q.data(), s.d.data(), s.sum16.data());
-  return {s.q.data(), s.d.data(), s.sum16.data(), n};
+  set.quantize_acts(x, in_stride, n_tokens, n, s.q.data(), s.d.data(), s.sum16.data(),
+                    s.sum32.data());
+  return {s.q.data(), s.d.data(), s.sum16.data(), s.sum32.data(), n};
 }
 
 void matmul_int(ThreadPool& pool, const detail::KernelSet& set, const TensorView& w,

@@ -20,6 +20,7 @@ namespace {
 // maddubs + madd: int32 lane j = sum over k < 4 of a[4j+k] * b[4j+k]. `a` is the unsigned
 // operand.
 struct Avx2Dot {
+  static constexpr int kRows = 2, kTokens = 3;  // 6 accumulators of 16 ymm registers
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a_u8, b_s8), _mm256_set1_epi16(1));
   }
@@ -28,8 +29,8 @@ struct Avx2Dot {
 }  // namespace
 
 void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                        int8_t* q, float* d, int16_t* sum16) {
-  simd::quantize_acts(x, x_stride, n_tokens, n, q, d, sum16);
+                        int8_t* q, float* d, int16_t* sum16, float* sum32) {
+  simd::quantize_acts(x, x_stride, n_tokens, n, q, d, sum16, sum32);
 }
 
 void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,

@@ -8,7 +8,7 @@
 namespace cleave::cpu::detail {
 
 void quantize_acts_generic(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                           int8_t* q, float* d, int16_t* sum16) {
+                           int8_t* q, float* d, int16_t* sum16, float* sum32) {
   const int64_t nb = n / kQK;
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float* xt = x + t * x_stride;
@@ -21,11 +21,14 @@ void quantize_acts_generic(const float* x, int64_t x_stride, int64_t n_tokens, i
       int8_t* qb = q + t * n + b * kQK;
       for (int i = 0; i < kQK; ++i)
         qb[i] = static_cast<int8_t>(static_cast<int>(std::nearbyint(xt[b * kQK + i] * id)));
+      int total = 0;
       for (int h = 0; h < 2; ++h) {
         int sum = 0;
         for (int i = 0; i < 16; ++i) sum += qb[16 * h + i];
         sum16[t * (n / 16) + 2 * b + h] = static_cast<int16_t>(sum);
+        total += sum;
       }
+      sum32[t * nb + b] = static_cast<float>(total);
     }
   }
 }

@@ -53,7 +53,8 @@ inline __m256i nibbles32(const std::byte* qs) {
 struct Scales {
   float dsc[8];
   float m[8];
-  int mn[8][2];
+  int mn[8][2];   // kSub16 formats with a min (Q2_K)
+  float mnf[8];   // the others: float(mn), the same for both halves
   __m256i sc16;  // kSub16 formats: sub-scale i (of elements [16 i, 16 i + 16)) in int16 lane i
 };
 
@@ -73,7 +74,7 @@ struct Q4_1 {
   static inline void scales(const std::byte* u, Scales& s) {
     s.dsc[0] = f16(u);
     s.m[0] = f16(u + 2);
-    s.mn[0][0] = s.mn[0][1] = 1;
+    s.mnf[0] = 1.0f;
   }
   static inline __m256i levels(const std::byte* u, int) { return nibbles32(u + 4); }
 };
@@ -96,7 +97,7 @@ struct Q5_1 {
   static inline void scales(const std::byte* u, Scales& s) {
     s.dsc[0] = f16(u);
     s.m[0] = f16(u + 2);
-    s.mn[0][0] = s.mn[0][1] = 1;
+    s.mnf[0] = 1.0f;
   }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_or_si256(nibbles32(u + 8), fifth_bits(u + 4));
@@ -166,7 +167,7 @@ inline void scales_k4(const std::byte* u, Scales& s) {
     }
     s.dsc[j] = d * static_cast<float>(sc);
     s.m[j] = dmin;
-    s.mn[j][0] = s.mn[j][1] = m;
+    s.mnf[j] = static_cast<float>(m);
   }
 }
 struct Q4_K {  // qs[128] @16
@@ -262,10 +263,11 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     for (int jb = 0; jb < W::kBlocks; ++jb) {
       const int64_t b = u * W::kBlocks + jb;
       __m256i xv[T];
-      float dx[T];
+      float dx[T], xsum[T];
       for (int t = 0; t < T; ++t) {
         xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
         dx[t] = x.d[(t0 + t) * nb + b];
+        xsum[t] = x.sum32[(t0 + t) * nb + b];
       }
       for (int r = 0; r < R; ++r) {
         const __m256i qv = W::levels(w + r * row_bytes + u * W::kBytes, jb);
@@ -282,10 +284,14 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
           }
           as[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].dsc[jb] * dx[t]), _mm256_cvtepi32_ps(s),
                                      as[r][t]);
-          if constexpr (W::kMin) {
+          if constexpr (W::kMin && W::kSub16) {
             const int16_t* xs = x.sum16 + (t0 + t) * (x.n / 16) + 2 * b;
             const int u32 = sc[r].mn[jb][0] * xs[0] + sc[r].mn[jb][1] * xs[1];
             am[r][t] = fma_int(sc[r].m[jb] * dx[t], u32, am[r][t]);
+          } else if constexpr (W::kMin) {
+            // mn * X as f32: both are integers below 2^24, so the product is exact and equals
+            // float(mn0 * X0 + mn1 * X1) of the reference (mn0 = mn1 here).
+            am[r][t] = __builtin_fmaf(sc[r].m[jb] * dx[t], sc[r].mnf[jb] * xsum[t], am[r][t]);
           }
         }
       }
@@ -295,6 +301,9 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum(as[r][t]) + am[r][t];
 }
 
+// Decode (one token) streams rows four at a time. Several tokens: tiles of Dot::kRows rows x
+// Dot::kTokens tokens (as many accumulators as the register file holds), each weight block
+// unpacked once per tile; leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
@@ -304,26 +313,19 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
     for (; r < nr; ++r) tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
     return;
   }
-  for (int64_t r = 0; r < nr; r += 2) {
+  constexpr int R = Dot::kRows, T = Dot::kTokens;
+  int64_t r = 0;
+  for (; r + R <= nr; r += R) {
     const std::byte* wr = w + r * row_bytes;
-    const bool pair = r + 1 < nr;
     int64_t t = 0;
-    for (; t + 3 <= nt; t += 3) {
-      float* yt = y + t * y_stride + r;
-      if (pair) {
-        tile<Dot, W, 2, 3>(wr, row_bytes, x, t, yt, y_stride);
-      } else {
-        tile<Dot, W, 1, 3>(wr, row_bytes, x, t, yt, y_stride);
-      }
-    }
-    for (; t < nt; ++t) {
-      float* yt = y + t * y_stride + r;
-      if (pair) {
-        tile<Dot, W, 2, 1>(wr, row_bytes, x, t, yt, y_stride);
-      } else {
-        tile<Dot, W, 1, 1>(wr, row_bytes, x, t, yt, y_stride);
-      }
-    }
+    for (; t + T <= nt; t += T) tile<Dot, W, R, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+  }
+  for (; r < nr; ++r) {
+    const std::byte* wr = w + r * row_bytes;
+    int64_t t = 0;
+    for (; t + T <= nt; t += T) tile<Dot, W, 1, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    for (; t < nt; ++t) tile<Dot, W, 1, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
   }
 }
 
@@ -349,7 +351,7 @@ void qdot(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr, const Qua
 // lanes at a time. max is exact whatever the order; _mm256_cvtps_epi32 rounds half to even in
 // the default rounding mode, as nearbyint does.
 inline void quantize_acts(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                          int8_t* q, float* d, int16_t* sum16) {
+                          int8_t* q, float* d, int16_t* sum16, float* sum32) {
   const int64_t nb = n / kQK;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -386,8 +388,10 @@ inline void quantize_acts(const float* x, int64_t x_stride, int64_t n_tokens, in
                                 _mm_srli_si128(_mm256_extracti128_si256(p4, 1), 8));
       h = _mm_add_epi32(h, _mm_srli_si128(h, 4));
       g = _mm_add_epi32(g, _mm_srli_si128(g, 4));
-      sum16[t * (n / 16) + 2 * b] = static_cast<int16_t>(_mm_cvtsi128_si32(h));
-      sum16[t * (n / 16) + 2 * b + 1] = static_cast<int16_t>(_mm_cvtsi128_si32(g));
+      const int s0 = _mm_cvtsi128_si32(h), s1 = _mm_cvtsi128_si32(g);
+      sum16[t * (n / 16) + 2 * b] = static_cast<int16_t>(s0);
+      sum16[t * (n / 16) + 2 * b + 1] = static_cast<int16_t>(s1);
+      sum32[t * nb + b] = static_cast<float>(s0 + s1);
     }
   }
 }
