@@ -91,7 +91,7 @@ bool set_kernel_isa(std::string_view name) {
   return true;
 }
 
-bool uses_int_path(DType t) { return dtype_is_quantized(t) && t != DType::kQ8_0; }
+bool uses_int_path(DType t) { return dtype_is_quantized(t); }
 
 float dot_row(const TensorView& w, int64_t r, const float* x) {
   const int64_t n = w.cols();

@@ -6,9 +6,8 @@
 //   then, when 8 or more elements remain, one more chunk of 8 into a0;
 //   then a fixed horizontal sum of (a0 + a1) (8 -> 4 -> 2 -> 1 lanes);
 //   then each remaining element (< 8) added in order.
-// Q8_0 weights are first turned into exact f32 values (scale * q is exact in f32), so the order
-// above holds for f32, f16, bf16 and q8_0 alike. A tile of several rows and tokens keeps this order for
-// each (row, token) pair: tiling only interleaves independent accumulators, which is why results
+// This is the f32 path (f32, f16, bf16 weights). A tile of several rows and tokens keeps this
+// order for each (row, token) pair: tiling only interleaves independent accumulators, which is why results
 // are bit-identical whatever the tile shape, the thread count or the batch size.
 // The AVX-512 set keeps a0 and a1 as the low and high halves of one 16-lane accumulator (the
 // same lanes, the same fused multiply-adds) and so gives the AVX2 set's bits. Its multi-token
@@ -45,7 +44,7 @@ using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
 // result equals the portable loop's.
 using AxpyFn = void (*)(float* y, float a, const float* x, int64_t n);
 
-// The integer path (every block format but Q8_0, see uses_int_path() in cpu_kernels.h). The
+// The integer path (every block format, see uses_int_path() in cpu_kernels.h). The
 // activation row of each token is first quantised, per 32-element block b, to
 //   dx[b] = amax / 127 (f32),  xq[i] = nearbyint(x[i] * (1 / dx[b]))  (round half to even),
 // and each weight block is seen as value[i] = d * sc[i/16] * q[i] + m * mn[i/16] (IntBlock in
