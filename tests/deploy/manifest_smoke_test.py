@@ -100,9 +100,13 @@ class Pod:
         return sorted(out, key=lambda x: -len(x[0]))
 
     def rewrite(self, text, c):
-        for mount, local in self.mounts(c):
-            text = re.sub(re.escape(mount) + r"(?=/|\b|$)", local, text)
-        return text
+        """Paths under the container's mount points -> the local directories (one pass, so a
+        local path is never rewritten again)."""
+        mounts = dict(self.mounts(c))
+        if not mounts:
+            return text
+        pattern = "(" + "|".join(re.escape(m) for m in sorted(mounts, key=len, reverse=True)) + r")(?=/|$|[^\w.-])"
+        return re.sub(pattern, lambda m: mounts[m.group(1)], text)
 
     def rewrite_arg(self, arg, c):
         arg = self.rewrite(arg, c)

@@ -105,6 +105,7 @@ struct WorkerServer::Impl {
   void set_health(bool serving);
   void begin_drain();
   int64_t in_flight() const;
+  std::string in_flight_text() const;
   void shutdown();
 };
 
@@ -220,6 +221,13 @@ int64_t WorkerServer::Impl::in_flight() const {
          s.waiting;
 }
 
+std::string WorkerServer::Impl::in_flight_text() const {
+  const EngineStats s = core.engine ? core.engine->stats() : EngineStats{};
+  return fmt::format("{} call(s), {} reservation(s) waiting for their Decode, {} request(s) in "
+                     "the engine",
+                     core.calls_in_flight.load(), core.reservations.size(), s.running + s.waiting);
+}
+
 void WorkerServer::Impl::notice_loop() {
   set_thread_name("notices");
   constexpr auto kWait = std::chrono::milliseconds(50);
@@ -316,9 +324,9 @@ bool WorkerServer::drain(std::chrono::milliseconds limit, const std::function<bo
   const auto t0 = std::chrono::steady_clock::now();
   m.begin_drain();
   int64_t left = m.in_flight();
-  log::info("worker {}: draining: health NOT_SERVING, new requests refused; {} request(s) in "
-            "flight, waiting up to {} s",
-            m.core.id, left, limit.count() / 1000.0);
+  log::info("worker {}: draining: health NOT_SERVING, new requests refused; in flight: {}; "
+            "waiting up to {} s",
+            m.core.id, m.in_flight_text(), limit.count() / 1000.0);
   bool drained = left == 0;
   while (!drained) {
     if (std::chrono::steady_clock::now() - t0 >= limit) break;
@@ -334,8 +342,8 @@ bool WorkerServer::drain(std::chrono::milliseconds limit, const std::function<bo
   if (drained) {
     log::info("worker {}: drained in {:.2f} s", m.core.id, took);
   } else {
-    log::warn("worker {}: {} request(s) still in flight after {:.2f} s of draining; stopping",
-              m.core.id, left, took);
+    log::warn("worker {}: still in flight after {:.2f} s of draining: {}; stopping", m.core.id,
+              took, m.in_flight_text());
   }
   shutdown();
   return drained;
