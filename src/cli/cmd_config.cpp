@@ -11,7 +11,8 @@ void add_config_command(CLI::App& app, int* exit_code) {
   cmd->require_subcommand(1);
 
   auto* show = cmd->add_subcommand(
-      "show", "Print the effective configuration (defaults < --config file or directory < the "
+      "show",
+      "Print the effective configuration (defaults < --config file or directory < the "
       "worker's profile < CLEAVE_* env < --set)");
   auto file = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();

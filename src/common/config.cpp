@@ -8,8 +8,8 @@
 #include <set>
 #include <sstream>
 
-#include "fmt/format.h"
 #include "config_internal.h"
+#include "fmt/format.h"
 #include "yaml-cpp/yaml.h"
 
 namespace cleave {

@@ -23,7 +23,8 @@ constexpr std::string_view kNotInProfiles[] = {"worker.role", "worker.instance_t
 std::string trim_space(std::string_view s) {
   size_t b = 0, e = s.size();
   while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\n' || s[b] == '\r')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\n' || s[e - 1] == '\r')) --e;
+  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\n' || s[e - 1] == '\r'))
+    --e;
   return std::string(s.substr(b, e - b));
 }
 
@@ -72,7 +73,8 @@ Status SettingsRegistry::load_directory(const std::string& dir) {
     for (const Setting& s : settings_) {
       auto it = before.find(s.key);
       if (it != before.end() && s.source == path) {
-        return InvalidArgument(fmt::format("{} is set twice: in {} and in {}", s.key, it->second, path));
+        return InvalidArgument(
+            fmt::format("{} is set twice: in {} and in {}", s.key, it->second, path));
       }
     }
     yaml_paths.insert(path);
@@ -90,7 +92,8 @@ Status SettingsRegistry::load_directory(const std::string& dir) {
           path, name));
     }
     if (yaml_paths.count(s->source) > 0) {
-      return InvalidArgument(fmt::format("{} is set twice: in {} and in {}", name, s->source, path));
+      return InvalidArgument(
+          fmt::format("{} is set twice: in {} and in {}", name, s->source, path));
     }
     CLEAVE_ASSIGN_OR_RETURN(std::string text, read_text(path));
     CLEAVE_RETURN_IF_ERROR(set(name, trim_space(text), path));
@@ -112,12 +115,13 @@ Status SettingsRegistry::read_profiles(const YAML::Node& profiles, std::string_v
       const std::string full = fmt::format("{}.{}", where, key);
       auto it = index_.find(key);
       if (it == index_.end()) {
-        return InvalidArgument(fmt::format("{}: unknown setting '{}' (in {})", source_name, key, full));
+        return InvalidArgument(
+            fmt::format("{}: unknown setting '{}' (in {})", source_name, key, full));
       }
       if (std::find(std::begin(kNotInProfiles), std::end(kNotInProfiles), key) !=
           std::end(kNotInProfiles)) {
-        return InvalidArgument(fmt::format("{}: {}: a profile cannot set {} (it selects the profile)",
-                                           source_name, full, key));
+        return InvalidArgument(fmt::format(
+            "{}: {}: a profile cannot set {} (it selects the profile)", source_name, full, key));
       }
       Setting& s = settings_[it->second];
       const std::string before = s.get();
@@ -131,7 +135,8 @@ Status SettingsRegistry::read_profiles(const YAML::Node& profiles, std::string_v
     const std::string name = kv.first.as<std::string>();
     const std::string where = "profiles." + name;
     if (!kv.second.IsMap()) {
-      return InvalidArgument(fmt::format("{}: '{}' must be a mapping of settings", source_name, where));
+      return InvalidArgument(
+          fmt::format("{}: '{}' must be a mapping of settings", source_name, where));
     }
     if (auto it = profiles_.find(name); it != profiles_.end()) {
       return InvalidArgument(fmt::format("{}: profile '{}' is defined twice (in {} and here)",
@@ -143,8 +148,8 @@ Status SettingsRegistry::read_profiles(const YAML::Node& profiles, std::string_v
       const std::string key = entry.first.as<std::string>();
       if (is_role(key)) {
         if (!entry.second.IsMap()) {
-          return InvalidArgument(fmt::format("{}: '{}.{}' must be a mapping of settings",
-                                             source_name, where, key));
+          return InvalidArgument(
+              fmt::format("{}: '{}.{}' must be a mapping of settings", source_name, where, key));
         }
         std::vector<std::pair<std::string, std::string>> flat;
         CLEAVE_RETURN_IF_ERROR(flatten_yaml(entry.second, "", source_name, flat));
@@ -175,7 +180,8 @@ Result<std::vector<std::string>> SettingsRegistry::apply_profile(std::string_vie
   auto apply = [&](const std::vector<std::pair<std::string, std::string>>& list) -> Status {
     for (const auto& [key, value] : list) {
       const Setting* s = find(key);
-      if (s == nullptr) return InvalidArgument(fmt::format("{}: unknown setting '{}'", source, key));
+      if (s == nullptr)
+        return InvalidArgument(fmt::format("{}: unknown setting '{}'", source, key));
       if (!file_source(s->source) && s->source != source) continue;  // env and flags win
       CLEAVE_RETURN_IF_ERROR(set(key, value, source));
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
@@ -205,23 +211,25 @@ Result<std::string> select_worker_profile(SettingsRegistry& registry, Config& co
   } else if (profiles.count("default") > 0) {
     name = "default";
   }
-  const std::string what = type.empty() ? std::string("no instance type")
-                                        : fmt::format("instance type '{}'", type);
+  const std::string what =
+      type.empty() ? std::string("no instance type") : fmt::format("instance type '{}'", type);
   config.worker.profile = name;
   if (name.empty()) {
     if (profiles.empty()) return fmt::format("{}; no profiles configured", what);
     std::vector<std::string> names;
     for (const auto& [n, p] : profiles) names.push_back(n);
-    return fmt::format("{}: no profile of that name and no 'default' (profiles: {}); using the "
-                       "settings as they are",
-                       what, fmt::join(names, ", "));
+    return fmt::format(
+        "{}: no profile of that name and no 'default' (profiles: {}); using the "
+        "settings as they are",
+        what, fmt::join(names, ", "));
   }
   CLEAVE_ASSIGN_OR_RETURN(std::vector<std::string> keys,
                           registry.apply_profile(name, config.worker.role));
   std::vector<std::string> set;
   for (const std::string& k : keys) set.push_back(fmt::format("{}={}", k, registry.find(k)->get()));
-  return fmt::format("{}: profile '{}' for the {} role ({})", what, name, config.worker.role,
-                     set.empty() ? std::string("nothing to set") : fmt::format("{}", fmt::join(set, ", ")));
+  return fmt::format(
+      "{}: profile '{}' for the {} role ({})", what, name, config.worker.role,
+      set.empty() ? std::string("nothing to set") : fmt::format("{}", fmt::join(set, ", ")));
 }
 
 }  // namespace cleave

@@ -71,7 +71,7 @@ class SettingsRegistry {
 
   // A profile of the file (keys and values checked when the file is read).
   struct Profile {
-    std::string source;  // the file that defined it
+    std::string source;                                       // the file that defined it
     std::vector<std::pair<std::string, std::string>> common;  // every role
     std::map<std::string, std::vector<std::pair<std::string, std::string>>, std::less<>> by_role;
   };

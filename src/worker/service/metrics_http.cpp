@@ -45,7 +45,8 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(
     const std::string& host_in, int port, std::function<std::string()> render,
     std::function<bool()> healthy) {
   std::string host = host_in;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -54,8 +55,8 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(
   const std::string service = std::to_string(port);
   if (int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
       rc != 0) {
-    return InvalidArgument(fmt::format("worker.metrics_port: cannot resolve '{}': {}", host_in,
-                                       ::gai_strerror(rc)));
+    return InvalidArgument(
+        fmt::format("worker.metrics_port: cannot resolve '{}': {}", host_in, ::gai_strerror(rc)));
   }
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer());
   std::string why = "no address";
@@ -93,7 +94,9 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::start(
   return server;
 }
 
-MetricsHttpServer::~MetricsHttpServer() { stop(); }
+MetricsHttpServer::~MetricsHttpServer() {
+  stop();
+}
 
 void MetricsHttpServer::stop() {
   stop_.store(true);

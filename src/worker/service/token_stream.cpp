@@ -18,8 +18,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
  public:
   enum class Kind : uint8_t { kGenerate, kDecode };
 
-  TokenStreamCall(TokenStreamPump& pump, grpc::CallbackServerContext* ctx, Kind kind,
-                  RequestId id)
+  TokenStreamCall(TokenStreamPump& pump, grpc::CallbackServerContext* ctx, Kind kind, RequestId id)
       : pump_(pump), core_(pump.core()), ctx_(ctx), kind_(kind), id_(id), start_(Clock::now()) {
     core_.calls_in_flight.fetch_add(1);
   }

@@ -132,12 +132,12 @@ Status WorkerMetrics::set_info(const std::string& worker_id, std::string_view ro
                                const std::string& instance_type, const std::string& profile,
                                std::string_view version) {
   std::optional<metrics::Family<metrics::Gauge>> info;
-  CLEAVE_RETURN_IF_ERROR(take(registry_.gauge("cleave:worker_info",
-                                              "The worker's identity, its node's instance type "
-                                              "and the profile it applied (value 1).",
-                                              {"worker_id", "role", "instance_type", "profile",
-                                               "version"}),
-                              info));
+  CLEAVE_RETURN_IF_ERROR(
+      take(registry_.gauge("cleave:worker_info",
+                           "The worker's identity, its node's instance type "
+                           "and the profile it applied (value 1).",
+                           {"worker_id", "role", "instance_type", "profile", "version"}),
+           info));
   info->with({worker_id, std::string(role), instance_type, profile, std::string(version)}).set(1);
   return Status::Ok();
 }

@@ -9,6 +9,7 @@
 
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
+#include "cleave/common/version.h"
 #include "cleave/kvcache/prefix_hash.h"
 #include "cleave/model/default_model.h"
 #include "cleave/model/model_file.h"
@@ -16,7 +17,6 @@
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "cleave/common/version.h"
 #include "metrics_http.h"
 #include "token_stream.h"
 #include "worker_core.h"
@@ -223,9 +223,10 @@ int64_t WorkerServer::Impl::in_flight() const {
 
 std::string WorkerServer::Impl::in_flight_text() const {
   const EngineStats s = core.engine ? core.engine->stats() : EngineStats{};
-  return fmt::format("{} call(s), {} reservation(s) waiting for their Decode, {} request(s) in "
-                     "the engine",
-                     core.calls_in_flight.load(), core.reservations.size(), s.running + s.waiting);
+  return fmt::format(
+      "{} call(s), {} reservation(s) waiting for their Decode, {} request(s) in "
+      "the engine",
+      core.calls_in_flight.load(), core.reservations.size(), s.running + s.waiting);
 }
 
 void WorkerServer::Impl::notice_loop() {
@@ -317,16 +318,20 @@ int WorkerServer::metrics_port() const {
   return impl_->metrics_http ? impl_->metrics_http->port() : -1;
 }
 
-int64_t WorkerServer::in_flight() const { return impl_->in_flight(); }
+int64_t WorkerServer::in_flight() const {
+  return impl_->in_flight();
+}
 
-bool WorkerServer::drain(std::chrono::milliseconds limit, const std::function<bool()>& interrupted) {
+bool WorkerServer::drain(std::chrono::milliseconds limit,
+                         const std::function<bool()>& interrupted) {
   Impl& m = *impl_;
   const auto t0 = std::chrono::steady_clock::now();
   m.begin_drain();
   int64_t left = m.in_flight();
-  log::info("worker {}: draining: health NOT_SERVING, new requests refused; in flight: {}; "
-            "waiting up to {} s",
-            m.core.id, m.in_flight_text(), limit.count() / 1000.0);
+  log::info(
+      "worker {}: draining: health NOT_SERVING, new requests refused; in flight: {}; "
+      "waiting up to {} s",
+      m.core.id, m.in_flight_text(), limit.count() / 1000.0);
   bool drained = left == 0;
   while (!drained) {
     if (std::chrono::steady_clock::now() - t0 >= limit) break;

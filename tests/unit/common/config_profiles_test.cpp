@@ -75,7 +75,8 @@ TEST(ConfigDirectoryTest, ReadsYamlThenOneFilePerSetting) {
   EXPECT_EQ(l.c.pools.prefill.replicas, 4);
   EXPECT_EQ(l.c.transfer.provider, "tcp;ofi_rxm");
   EXPECT_EQ(l.c.model.path, "");
-  EXPECT_EQ(l.r.find("pools.prefill.replicas")->source, (d.path() / "pools.prefill.replicas").string());
+  EXPECT_EQ(l.r.find("pools.prefill.replicas")->source,
+            (d.path() / "pools.prefill.replicas").string());
   // load_config takes the directory as its file, and env still wins over it.
   Loaded l2;
   ::setenv("CLEAVE_POOLS_PREFILL_REPLICAS", "6", 1);
@@ -157,24 +158,25 @@ TEST(ConfigProfilesTest, ProfileKeysAndValuesAreCheckedWhenRead) {
 
 TEST(ConfigProfilesTest, TheRoleSectionWinsAndEnvAndFlagsWinOverTheProfile) {
   Loaded l;
-  ASSERT_TRUE(l.r.load_yaml_string(std::string("engine: {max_num_seqs: 8, max_context: 100}\n") +
-                                       kProfiles,
-                                   "t.yaml")
-                  .ok());
+  ASSERT_TRUE(
+      l.r.load_yaml_string(std::string("engine: {max_num_seqs: 8, max_context: 100}\n") + kProfiles,
+                           "t.yaml")
+          .ok());
   std::map<std::string, std::string> env = {{"CLEAVE_ENGINE_KV_CACHE_BYTES", "1048576"}};
   ASSERT_TRUE(l.r.load_env([&](const char* k) -> const char* {
-                auto it = env.find(k);
-                return it == env.end() ? nullptr : it->second.c_str();
-              }).ok());
+                   auto it = env.find(k);
+                   return it == env.end() ? nullptr : it->second.c_str();
+                 })
+                  .ok());
   ASSERT_TRUE(l.r.set_assignment("transfer.rails=2", "flag").ok());
   ASSERT_TRUE(l.r.set_assignment("worker.role=decode", "flag").ok());
   ASSERT_TRUE(l.r.set_assignment("worker.instance_type=p5e.48xlarge", "flag").ok());
   Result<std::string> line = select_worker_profile(l.r, l.c);
   ASSERT_TRUE(line.ok()) << line.status().to_string();
   EXPECT_EQ(l.c.worker.profile, "p5e.48xlarge");
-  EXPECT_EQ(l.c.engine.threads, 24);           // decode: section beats the profile's own
-  EXPECT_EQ(l.c.engine.max_num_seqs, 512);     // profile beats the file
-  EXPECT_EQ(l.c.engine.max_context, 100);      // the file where the profile is silent
+  EXPECT_EQ(l.c.engine.threads, 24);               // decode: section beats the profile's own
+  EXPECT_EQ(l.c.engine.max_num_seqs, 512);         // profile beats the file
+  EXPECT_EQ(l.c.engine.max_context, 100);          // the file where the profile is silent
   EXPECT_EQ(l.c.engine.max_tokens_per_step, 256);  // the prefill section is not for decode
   EXPECT_EQ(l.c.engine.kv_cache_bytes, 1048576);   // env beats the profile
   EXPECT_EQ(l.c.transfer.rails, 2);                // a flag beats the profile
@@ -195,7 +197,8 @@ TEST(ConfigProfilesTest, UnknownOrMissingInstanceTypeTakesTheDefaultProfile) {
   }
   // No profiles, or none matching and no default: nothing applied, not an error.
   Loaded l;
-  ASSERT_TRUE(l.r.load_yaml_string("profiles: {p5.48xlarge: {engine: {threads: 4}}}", "t.yaml").ok());
+  ASSERT_TRUE(
+      l.r.load_yaml_string("profiles: {p5.48xlarge: {engine: {threads: 4}}}", "t.yaml").ok());
   l.c.worker.instance_type = "g6e.48xlarge";
   Result<std::string> line = select_worker_profile(l.r, l.c);
   ASSERT_TRUE(line.ok());
