@@ -2,11 +2,19 @@
 // products of each int32 lane in one instruction, the lane sums maddubs + madd give in the AVX2
 // set (no saturation in either). The formats with a sub-scale per 16 elements keep the AVX2
 // set's maddubs + madd, which applies the sub-scale for free. The same exact integers, then the
-// same f32 steps, so this set's results equal the AVX2 set's bit for bit. Compiled for AVX-512 VNNI through a target pragma;
-// runs only when cpu_has_avx512_vnni() is true.
+// same f32 steps, so this set's results equal the AVX2 set's bit for bit. Compiled for AVX-512
+// VNNI through a target pragma; runs only when cpu_has_avx512_vnni() is true.
 #include "kernel_set.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+// Every header with inline functions of external linkage comes before the target pragma, so
+// that no AVX-512 copy of them can be the one the linker keeps for the rest of the program.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "cleave/model/quants.h"
 
 #if defined(__clang__)
 #pragma clang attribute push(                                                        \
@@ -20,9 +28,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#include <immintrin.h>
-
-#include "qdot_simd.h"
+#include "qdot_simd.h"  // internal linkage only
 
 namespace cleave::cpu::detail {
 namespace {
