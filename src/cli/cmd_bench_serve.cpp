@@ -1,0 +1,262 @@
+// `cleave bench serve` and `cleave bench sweep`: flags (named as `vllm bench serve` names them)
+// wired to the load generator in cleave::bench.
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <limits>
+
+#include "cleave/bench/serve_bench.h"
+#include "cleave/bench/sweep.h"
+#include "commands.h"
+
+namespace cleave::cli {
+namespace {
+
+struct ServeArgs {
+  std::string base_url = "http://127.0.0.1:8000", endpoint = "completions", model, dataset = "random";
+  std::string request_rate = "inf", percentiles = "99", save_result, api_key;
+  std::vector<std::string> goodput;
+  int64_t num_prompts = 1000, random_input_len = 1024, random_output_len = 128;
+  double random_range_ratio = 0.0, burstiness = 1.0, scale = 1.0, time_scale = 1.0,
+         length_scale = 1.0, temperature = 0.0;
+  int64_t max_concurrency = 0, max_requests = 1000;
+  uint64_t seed = 0;
+  bool ignore_eos = false, no_progress = false;
+  double request_timeout_s = 600, max_duration_s = 1800;
+};
+
+void add_common_flags(CLI::App* cmd, ServeArgs* a, bool with_rate) {
+  cmd->add_option("--base-url", a->base_url, "the server, http://HOST:PORT (nothing else is contacted)");
+  cmd->add_option("--endpoint", a->endpoint, "completions or chat");
+  cmd->add_option("--model", a->model, "model name to request (default: the first of /v1/models)");
+  cmd->add_option("--dataset", a->dataset,
+                  "random, preset:chat|rag|reasoning|agentic, trace:FILE (Mooncake JSONL) or "
+                  "sharegpt:FILE");
+  cmd->add_option("--num-prompts", a->num_prompts, "requests to send (random, presets, sharegpt)");
+  cmd->add_option("--random-input-len", a->random_input_len, "random: prompt length (words ~ tokens)");
+  cmd->add_option("--random-output-len", a->random_output_len, "random: max_tokens");
+  cmd->add_option("--random-range-ratio", a->random_range_ratio,
+                  "random: lengths drawn from [len*(1-r), len*(1+r)]");
+  if (with_rate) {
+    cmd->add_option("--request-rate", a->request_rate,
+                    "requests per second (gamma arrivals), or inf to send all at once");
+  }
+  cmd->add_option("--burstiness", a->burstiness, "gamma shape of the arrivals (1: Poisson)");
+  cmd->add_option("--max-concurrency", a->max_concurrency, "requests in flight at most (0: no cap)");
+  cmd->add_option("--seed", a->seed, "seed of the workload and the arrivals");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "generate max_tokens tokens whatever the model says");
+  cmd->add_option("--temperature", a->temperature, "sampling temperature of every request");
+  cmd->add_option("--goodput", a->goodput, "SLOs in ms: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
+  cmd->add_option("--percentiles", a->percentiles, "percentiles to report, e.g. 50,90,99");
+  cmd->add_option("--api-key", a->api_key, "sent as Authorization: Bearer KEY");
+  cmd->add_option("--scale", a->scale, "presets: multiply every length (small CPU models: 0.02-0.1)");
+  cmd->add_option("--max-requests", a->max_requests, "trace: replay the first N requests");
+  cmd->add_option("--time-scale", a->time_scale, "trace: multiply the timestamps (0.5: twice as fast)");
+  cmd->add_option("--length-scale", a->length_scale,
+                  "trace: multiply input/output lengths and the 512-token block size");
+  cmd->add_option("--request-timeout", a->request_timeout_s, "seconds one request may take");
+  cmd->add_option("--max-duration", a->max_duration_s,
+                  "seconds the whole run may take; requests still open then count as failed");
+  cmd->add_flag("--no-progress", a->no_progress, "no progress bar on stderr");
+}
+
+// Fills the options from the flags; false (message printed) when one is bad.
+bool to_options(const ServeArgs& a, std::string_view cmd, bench::ServeBenchOptions* o,
+                bench::WorkloadOptions* w) {
+  const auto bad = [&](const std::string& msg) {
+    std::cerr << "cleave bench " << cmd << ": " << msg << "\n";
+    return false;
+  };
+  o->base_url = a.base_url;
+  o->endpoint = a.endpoint;
+  if (a.endpoint == "/v1/completions") o->endpoint = "completions";
+  if (a.endpoint == "/v1/chat/completions") o->endpoint = "chat";
+  o->model = a.model;
+  o->api_key = a.api_key;
+  if (a.request_rate == "inf") {
+    o->request_rate = std::numeric_limits<double>::infinity();
+  } else {
+    char* end = nullptr;
+    o->request_rate = std::strtod(a.request_rate.c_str(), &end);
+    if (a.request_rate.empty() || end != a.request_rate.c_str() + a.request_rate.size() ||
+        !(o->request_rate > 0) || !std::isfinite(o->request_rate)) {
+      return bad("--request-rate '" + a.request_rate + "' is not a positive number or inf");
+    }
+  }
+  o->burstiness = a.burstiness;
+  o->max_concurrency = a.max_concurrency;
+  o->seed = a.seed;
+  o->ignore_eos = a.ignore_eos;
+  o->temperature = a.temperature;
+  o->progress = !a.no_progress;
+  auto slo = bench::parse_goodput(a.goodput);
+  if (!slo.ok()) return bad(slo.status().message());
+  o->goodput = *slo;
+  auto pct = bench::parse_percentiles(a.percentiles);
+  if (!pct.ok()) return bad(pct.status().message());
+  o->percentiles = *pct;
+  if (!(a.request_timeout_s > 0) || !(a.max_duration_s > 0)) {
+    return bad("--request-timeout and --max-duration must be positive seconds");
+  }
+  o->request_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.request_timeout_s * 1000));
+  o->max_duration = std::chrono::milliseconds(static_cast<int64_t>(a.max_duration_s * 1000));
+  if (auto st = bench::validate(*o); !st.ok()) return bad(st.message());
+  w->dataset = a.dataset;
+  w->num_prompts = a.num_prompts;
+  w->random_input_len = a.random_input_len;
+  w->random_output_len = a.random_output_len;
+  w->random_range_ratio = a.random_range_ratio;
+  w->scale = a.scale;
+  w->max_requests = a.max_requests;
+  w->time_scale = a.time_scale;
+  w->length_scale = a.length_scale;
+  w->seed = a.seed;
+  return true;
+}
+
+bool resolve_model(std::string_view cmd, bench::ServeBenchOptions* o) {
+  if (!o->model.empty()) return true;
+  auto m = bench::first_served_model(*o);
+  if (!m.ok()) {
+    std::cerr << "cleave bench " << cmd << ": " << m.status().message() << "\n";
+    return false;
+  }
+  o->model = *m;
+  return true;
+}
+
+bool write_json(std::string_view cmd, const std::string& path, const nlohmann::ordered_json& j) {
+  std::ofstream f(path);
+  f << j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
+  if (!f) {
+    std::cerr << "cleave bench " << cmd << ": cannot write " << path << "\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void add_bench_serve_commands(CLI::App* bench, int* exit_code) {
+  auto* serve = bench->add_subcommand(
+      "serve", "Load an OpenAI-compatible server with a workload and report TTFT, TPOT, ITL, "
+               "E2EL, throughput and goodput (as `vllm bench serve`)");
+  auto a = std::make_shared<ServeArgs>();
+  add_common_flags(serve, a.get(), /*with_rate=*/true);
+  serve->add_option("--save-result", a->save_result, "also write the result JSON to FILE");
+  serve->callback([a, exit_code] {
+    bench::ServeBenchOptions o;
+    bench::WorkloadOptions wo;
+    if (!to_options(*a, "serve", &o, &wo)) {
+      *exit_code = 2;
+      return;
+    }
+    auto workload = bench::build_workload(wo);
+    if (!workload.ok()) {
+      std::cerr << "cleave bench serve: " << workload.status().message() << "\n";
+      *exit_code = workload.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+      return;
+    }
+    if (!resolve_model("serve", &o)) {
+      *exit_code = 1;
+      return;
+    }
+    auto run = bench::run_serve_bench(o, *workload);
+    if (!run.ok()) {
+      std::cerr << "cleave bench serve: " << run.status().message() << "\n";
+      *exit_code = 1;
+      return;
+    }
+    std::cout << bench::format_report(o, *workload, *run) << std::flush;
+    if (!a->save_result.empty() &&
+        !write_json("serve", a->save_result, bench::result_json(o, *workload, *run))) {
+      *exit_code = 1;
+      return;
+    }
+    for (const auto& r : run->records) {
+      if (!r.success) {
+        std::cerr << "cleave bench serve: first failure: " << r.error << "\n";
+        break;
+      }
+    }
+    *exit_code = run->metrics.completed > 0 ? 0 : 1;
+  });
+
+  auto* sweep = bench->add_subcommand(
+      "sweep", "Find the highest request rate at which at least --attainment of the requests "
+               "meet every --goodput SLO (runs `bench serve` at several rates)");
+  auto sa = std::make_shared<ServeArgs>();
+  struct SweepArgs {
+    std::string rates;
+    bench::SweepOptions o;
+  };
+  auto sw = std::make_shared<SweepArgs>();
+  add_common_flags(sweep, sa.get(), /*with_rate=*/false);
+  sweep->add_option("--rates", sw->rates, "rates to try, e.g. 0.5,1,2 (default: a search)");
+  sweep->add_option("--start-rate", sw->o.start_rate, "the search's first rate (req/s)");
+  sweep->add_option("--attainment", sw->o.attainment, "share of requests that must meet the SLOs");
+  sweep->add_option("--max-runs", sw->o.max_runs, "runs of the search at most");
+  sweep->add_option("--min-throughput-ratio", sw->o.min_throughput_ratio,
+                    "a rate passes only if the server completed at least this share of it");
+  sweep->add_option("--per-worker,--per-gpu", sw->o.per_worker,
+                    "divide the goodput by the N workers (or GPUs) it used");
+  sweep->add_option("--save-result", sa->save_result, "also write the sweep as JSON to FILE");
+  sweep->callback([sa, sw, exit_code] {
+    bench::ServeBenchOptions o;
+    bench::WorkloadOptions wo;
+    if (!to_options(*sa, "sweep", &o, &wo)) {
+      *exit_code = 2;
+      return;
+    }
+    sw->o.rates.clear();
+    if (!sw->rates.empty()) {
+      std::string item;
+      for (size_t pos = 0; pos <= sw->rates.size();) {
+        size_t end = sw->rates.find(',', pos);
+        if (end == std::string::npos) end = sw->rates.size();
+        item = sw->rates.substr(pos, end - pos);
+        char* e = nullptr;
+        const double r = std::strtod(item.c_str(), &e);
+        if (item.empty() || e != item.c_str() + item.size() || !(r > 0) || !std::isfinite(r)) {
+          std::cerr << "cleave bench sweep: --rates: '" << item << "' is not a positive number\n";
+          *exit_code = 2;
+          return;
+        }
+        sw->o.rates.push_back(r);
+        pos = end + 1;
+      }
+    }
+    if (!resolve_model("sweep", &o)) {
+      *exit_code = 1;
+      return;
+    }
+    const auto make = [wo](int step) {
+      bench::WorkloadOptions w = wo;
+      w.seed = wo.seed + static_cast<uint64_t>(step) * 1000003ull;
+      return bench::build_workload(w);
+    };
+    if (auto first = make(0); !first.ok()) {
+      std::cerr << "cleave bench sweep: " << first.status().message() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    auto result = bench::run_sweep(o, sw->o, make, [](const bench::SweepPoint& p) {
+      std::cerr << "cleave bench sweep: " << p.rate << " req/s: " << 100 * p.attainment
+                << "% of requests met the SLOs\n";
+    });
+    if (!result.ok()) {
+      std::cerr << "cleave bench sweep: " << result.status().message() << "\n";
+      *exit_code = result.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+      return;
+    }
+    std::cout << bench::format_sweep(o, sw->o, *result) << std::flush;
+    if (!sa->save_result.empty() &&
+        !write_json("sweep", sa->save_result, bench::sweep_json(sw->o, *result))) {
+      *exit_code = 1;
+      return;
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace cleave::cli
