@@ -1,4 +1,4 @@
-// `cleave bench serve` and `cleave bench sweep`: flags (named as `vllm bench serve` names them)
+// `cleave bench serve`, `cleave bench sweep` and `cleave tune`: flags (named as `vllm bench serve` names them)
 // wired to the load generator in cleave::bench.
 #include <cmath>
 #include <fstream>
@@ -7,6 +7,7 @@
 
 #include "cleave/bench/serve_bench.h"
 #include "cleave/bench/sweep.h"
+#include "cleave/bench/tune.h"
 #include "commands.h"
 
 namespace cleave::cli {
@@ -256,6 +257,113 @@ void add_bench_serve_commands(CLI::App* bench, int* exit_code) {
       return;
     }
     *exit_code = 0;
+  });
+}
+
+void add_tune_command(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "tune", "Serve a workload under candidate configurations on this machine, sweep each for "
+              "goodput, and write the best as a config for `cleave serve --config`");
+  struct TuneArgs {
+    std::string model, workload = "preset:chat", out;
+    std::vector<std::string> slo;
+    int workers = 2, max_runs = 4, max_candidates = 100;
+    double budget_minutes = 60, attainment = 0.9, start_rate = 1.0, scale = 0.05;
+    int64_t num_prompts = 30, max_concurrency = 0, max_requests = 200;
+    double time_scale = 1.0, length_scale = 0.02, request_timeout_s = 120;
+    uint64_t seed = 0;
+    std::string endpoint = "completions";
+  };
+  auto a = std::make_shared<TuneArgs>();
+  cmd->add_option("--model", a->model, "model to serve (default: the embedded default)");
+  cmd->add_option("--workload", a->workload, "preset:NAME, trace:FILE, sharegpt:FILE or random");
+  cmd->add_option("--slo", a->slo, "SLOs in ms, e.g. ttft:500,tpot:50")->required()->expected(1, 3);
+  cmd->add_option("--out", a->out, "the recommended config (YAML); FILE.md and FILE.svg beside it")
+      ->required();
+  cmd->add_option("--budget-minutes", a->budget_minutes, "stop starting candidates after this");
+  cmd->add_option("--workers", a->workers, "worker (CPU) budget: unified replicas or P + D");
+  cmd->add_option("--attainment", a->attainment, "share of requests that must meet the SLOs");
+  cmd->add_option("--max-runs", a->max_runs, "sweep runs per candidate at most");
+  cmd->add_option("--max-candidates", a->max_candidates, "candidates measured at most");
+  cmd->add_option("--start-rate", a->start_rate, "the first candidate's first rate (req/s)");
+  cmd->add_option("--scale", a->scale, "presets: multiply every length");
+  cmd->add_option("--num-prompts", a->num_prompts, "requests per sweep run");
+  cmd->add_option("--max-concurrency", a->max_concurrency, "requests in flight at most (0: no cap)");
+  cmd->add_option("--max-requests", a->max_requests, "trace: requests per run");
+  cmd->add_option("--time-scale", a->time_scale, "trace: multiply the timestamps");
+  cmd->add_option("--length-scale", a->length_scale, "trace: multiply lengths and the block size");
+  cmd->add_option("--request-timeout", a->request_timeout_s, "seconds one request may take");
+  cmd->add_option("--endpoint", a->endpoint, "completions or chat");
+  cmd->add_option("--seed", a->seed, "seed of the workloads");
+  cmd->callback([a, exit_code] {
+    bench::TuneOptions o;
+    o.model = a->model;
+    o.workers = a->workers;
+    o.budget_minutes = a->budget_minutes;
+    o.max_candidates = a->max_candidates;
+    auto slo = bench::parse_goodput(a->slo);
+    if (!slo.ok()) {
+      std::cerr << "cleave tune: " << slo.status().message() << "\n";
+      *exit_code = 2;
+      return;
+    }
+    o.bench.goodput = *slo;
+    o.bench.endpoint = a->endpoint;
+    o.bench.max_concurrency = a->max_concurrency;
+    o.bench.seed = a->seed;
+    o.bench.progress = false;
+    o.bench.request_timeout = std::chrono::milliseconds(static_cast<int64_t>(a->request_timeout_s * 1000));
+    o.bench.max_duration = std::chrono::minutes(10);
+    o.sweep.attainment = a->attainment;
+    o.sweep.max_runs = a->max_runs;
+    o.sweep.start_rate = a->start_rate;
+    o.workload.dataset = a->workload;
+    o.workload.num_prompts = a->num_prompts;
+    o.workload.scale = a->scale;
+    o.workload.max_requests = a->max_requests;
+    o.workload.time_scale = a->time_scale;
+    o.workload.length_scale = a->length_scale;
+    o.workload.seed = a->seed;
+    if (a->max_runs <= 0 || a->max_candidates <= 0) {
+      std::cerr << "cleave tune: --max-runs and --max-candidates must be positive\n";
+      *exit_code = 2;
+      return;
+    }
+    auto r = bench::run_tune(o);
+    if (!r.ok()) {
+      std::cerr << "cleave tune: " << r.status().message() << "\n";
+      *exit_code = r.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
+      return;
+    }
+    const std::string table = bench::tune_table(*r);
+    std::cout << table << std::flush;
+    std::string stem = a->out;
+    if (stem.size() > 5 && stem.ends_with(".yaml")) stem.resize(stem.size() - 5);
+    const auto write = [&](const std::string& path, const std::string& text) {
+      std::ofstream f(path);
+      f << text;
+      if (!f) std::cerr << "cleave tune: cannot write " << path << "\n";
+      return static_cast<bool>(f);
+    };
+    bool ok = write(stem + ".md", "# cleave tune: " + a->workload + "\n\n" + table) &&
+              write(stem + ".svg", bench::tune_svg(*r, "cleave tune: goodput per candidate (" +
+                                                         a->workload + ")"));
+    if (r->best < 0) {
+      std::cerr << "cleave tune: no candidate met the SLOs; no config written\n";
+      *exit_code = 1;
+      return;
+    }
+    const auto& win = r->rows[static_cast<size_t>(r->best)];
+    char numbers[200];
+    std::snprintf(numbers, sizeof(numbers),
+                  "# goodput %.3f req/s at %.3f req/s; confirmation run %.3f req/s; search %.0f s\n",
+                  win.goodput, win.sweep.best_rate, r->confirmed_goodput, r->seconds);
+    std::string header = "# cleave tune: " + a->workload + "; recommended: " + win.candidate.name +
+                         "\n" + numbers;
+    ok = write(a->out, header + bench::candidate_yaml(win.candidate, a->model)) && ok;
+    std::cout << "Recommended config: " << a->out << " (table " << stem << ".md, chart " << stem
+              << ".svg)\n";
+    *exit_code = ok ? 0 : 1;
   });
 }
 

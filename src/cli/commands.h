@@ -18,5 +18,6 @@ void add_client_command(CLI::App& app, int* exit_code); // one request on runnin
 void add_worker_command(CLI::App& app, int* exit_code); // `worker --role ...`
 void add_serve_command(CLI::App& app, int* exit_code);  // `serve`: workers + router
 void add_router_command(CLI::App& app, int* exit_code); // `router`: the router alone
+void add_tune_command(CLI::App& app, int* exit_code);   // `tune`: a config for a workload
 
 }  // namespace cleave::cli
