@@ -16,6 +16,17 @@ double slo_attainment(const std::vector<RequestRecord>& records, const GoodputSl
   return static_cast<double>(good) / static_cast<double>(records.size());
 }
 
+Result<Workload> workload_for_rate(const WorkloadOptions& base, int step, double rate,
+                                   double min_run_seconds, int64_t max_prompts) {
+  WorkloadOptions w = base;
+  w.seed = base.seed + static_cast<uint64_t>(step) * 1000003ull;
+  if (min_run_seconds > 0 && std::isfinite(rate)) {
+    const auto wanted = static_cast<int64_t>(std::ceil(rate * min_run_seconds));
+    w.num_prompts = std::max(base.num_prompts, std::min(wanted, std::max(max_prompts, base.num_prompts)));
+  }
+  return build_workload(w);
+}
+
 void retime_arrivals(Workload* w, double rate) {
   double last = 0;
   int64_t timed = 0;
@@ -41,7 +52,7 @@ void retime_arrivals(Workload* w, double rate) {
 }
 
 Result<SweepResult> run_sweep(const ServeBenchOptions& base, const SweepOptions& s,
-                              const std::function<Result<Workload>(int)>& make_workload,
+                              const std::function<Result<Workload>(int, double)>& make_workload,
                               const std::function<void(const SweepPoint&)>& on_point) {
   if (!base.goodput.any()) {
     return InvalidArgument("a sweep needs at least one SLO (--goodput ttft:MS tpot:MS e2el:MS)");
@@ -67,7 +78,7 @@ Result<SweepResult> run_sweep(const ServeBenchOptions& base, const SweepOptions&
   SweepResult out;
   int step = 0;
   const auto measure = [&](double rate) -> Result<SweepPoint> {
-    CLEAVE_ASSIGN_OR_RETURN(Workload w, make_workload(step++));
+    CLEAVE_ASSIGN_OR_RETURN(Workload w, make_workload(step++, rate));
     retime_arrivals(&w, rate);
     ServeBenchOptions o = base;
     o.request_rate = rate;

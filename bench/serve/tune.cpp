@@ -182,10 +182,8 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
       return Status::Ok();
     }
     b.model = *model;
-    const auto make = [&](int) {
-      WorkloadOptions w = o.workload;
-      w.seed = o.workload.seed + static_cast<uint64_t>(step++) * 1000003ull;
-      return build_workload(w);
+    const auto make = [&](int, double rate) {
+      return workload_for_rate(o.workload, step++, rate, o.min_run_seconds, o.max_prompts_per_run);
     };
     row.measured = true;
     if (best_rate > 0) {
@@ -263,9 +261,8 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
     ServeBenchOptions b = o.bench;
     b.base_url = serve->url();
     CLEAVE_ASSIGN_OR_RETURN(b.model, first_served_model(b));
-    WorkloadOptions w = o.workload;
-    w.seed = o.workload.seed + 777;
-    CLEAVE_ASSIGN_OR_RETURN(Workload wl, build_workload(w));
+    CLEAVE_ASSIGN_OR_RETURN(Workload wl, workload_for_rate(o.workload, 777, win.sweep.best_rate,
+                                                           o.min_run_seconds, o.max_prompts_per_run));
     retime_arrivals(&wl, win.sweep.best_rate);
     b.request_rate = win.sweep.best_rate;
     CLEAVE_ASSIGN_OR_RETURN(ServeBenchRun run, run_serve_bench(b, wl));

@@ -40,7 +40,8 @@ void add_common_flags(CLI::App* cmd, ServeArgs* a, bool with_rate) {
                   "random: lengths drawn from [len*(1-r), len*(1+r)]");
   if (with_rate) {
     cmd->add_option("--request-rate", a->request_rate,
-                    "requests per second (gamma arrivals), or inf to send all at once");
+                    "requests per second (gamma arrivals), or inf to send all at once; a trace "
+                    "keeps its own timestamps");
   }
   cmd->add_option("--burstiness", a->burstiness, "gamma shape of the arrivals (1: Poisson)");
   cmd->add_option("--max-concurrency", a->max_concurrency, "requests in flight at most (0: no cap)");
@@ -190,6 +191,8 @@ void add_bench_serve_commands(CLI::App* bench, int* exit_code) {
   struct SweepArgs {
     std::string rates;
     bench::SweepOptions o;
+    double min_run_seconds = 0;
+    int64_t max_prompts = 5000;
   };
   auto sw = std::make_shared<SweepArgs>();
   add_common_flags(sweep, sa.get(), /*with_rate=*/false);
@@ -199,6 +202,9 @@ void add_bench_serve_commands(CLI::App* bench, int* exit_code) {
   sweep->add_option("--max-runs", sw->o.max_runs, "runs of the search at most");
   sweep->add_option("--min-throughput-ratio", sw->o.min_throughput_ratio,
                     "a rate passes only if the server completed at least this share of it");
+  sweep->add_option("--min-run-seconds", sw->min_run_seconds,
+                    "send at least rate x S requests per run (default 0: --num-prompts each)");
+  sweep->add_option("--max-prompts-per-run", sw->max_prompts, "cap of --min-run-seconds");
   sweep->add_option("--per-worker,--per-gpu", sw->o.per_worker,
                     "divide the goodput by the N workers (or GPUs) it used");
   sweep->add_option("--save-result", sa->save_result, "also write the sweep as JSON to FILE");
@@ -231,12 +237,10 @@ void add_bench_serve_commands(CLI::App* bench, int* exit_code) {
       *exit_code = 1;
       return;
     }
-    const auto make = [wo](int step) {
-      bench::WorkloadOptions w = wo;
-      w.seed = wo.seed + static_cast<uint64_t>(step) * 1000003ull;
-      return bench::build_workload(w);
+    const auto make = [wo, sw](int step, double rate) {
+      return bench::workload_for_rate(wo, step, rate, sw->min_run_seconds, sw->max_prompts);
     };
-    if (auto first = make(0); !first.ok()) {
+    if (auto first = make(0, 1.0); !first.ok()) {
       std::cerr << "cleave bench sweep: " << first.status().message() << "\n";
       *exit_code = 2;
       return;
@@ -270,7 +274,8 @@ void add_tune_command(CLI::App& app, int* exit_code) {
     int workers = 2, max_runs = 4, max_candidates = 100;
     double budget_minutes = 60, attainment = 0.9, start_rate = 1.0, scale = 0.05;
     int64_t num_prompts = 30, max_concurrency = 0, max_requests = 200;
-    double time_scale = 1.0, length_scale = 0.02, request_timeout_s = 120;
+    double time_scale = 1.0, length_scale = 0.02, request_timeout_s = 120, min_run_seconds = 3;
+    int64_t max_prompts_per_run = 600;
     uint64_t seed = 0;
     std::string endpoint = "completions";
   };
@@ -287,7 +292,10 @@ void add_tune_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-candidates", a->max_candidates, "candidates measured at most");
   cmd->add_option("--start-rate", a->start_rate, "the first candidate's first rate (req/s)");
   cmd->add_option("--scale", a->scale, "presets: multiply every length");
-  cmd->add_option("--num-prompts", a->num_prompts, "requests per sweep run");
+  cmd->add_option("--num-prompts", a->num_prompts, "requests per sweep run, at least");
+  cmd->add_option("--min-run-seconds", a->min_run_seconds,
+                  "runs at high rates send rate x S requests (at most --max-prompts-per-run)");
+  cmd->add_option("--max-prompts-per-run", a->max_prompts_per_run, "cap of --min-run-seconds");
   cmd->add_option("--max-concurrency", a->max_concurrency, "requests in flight at most (0: no cap)");
   cmd->add_option("--max-requests", a->max_requests, "trace: requests per run");
   cmd->add_option("--time-scale", a->time_scale, "trace: multiply the timestamps");
@@ -301,6 +309,8 @@ void add_tune_command(CLI::App& app, int* exit_code) {
     o.workers = a->workers;
     o.budget_minutes = a->budget_minutes;
     o.max_candidates = a->max_candidates;
+    o.min_run_seconds = a->min_run_seconds;
+    o.max_prompts_per_run = a->max_prompts_per_run;
     auto slo = bench::parse_goodput(a->slo);
     if (!slo.ok()) {
       std::cerr << "cleave tune: " << slo.status().message() << "\n";

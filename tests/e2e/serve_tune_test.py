@@ -23,7 +23,8 @@ class ServeTuneTest(unittest.TestCase):
                                 "--workload", "preset:chat", "--scale", "0.02",
                                 "--num-prompts", "6", "--slo", "ttft:60000,tpot:60000",
                                 "--workers", "2", "--max-candidates", "2", "--max-runs", "2",
-                                "--start-rate", "2", "--budget-minutes", "4", "--out", out],
+                                "--start-rate", "2", "--min-run-seconds", "0", "--budget-minutes", "4",
+                                "--out", out],
                                capture_output=True, text=True, timeout=280)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             self.assertIn("**recommended**", r.stdout)

@@ -9,8 +9,8 @@
 // would pass any rate.) Rates are the given list, or a search: start at start_rate,
 // double while the attainment holds (halve while it does not, when even the start fails),
 // then bisect between the best passing and the lowest failing rate; at most max_runs runs.
-// Each run takes a fresh workload from `make_workload(step)` (so that a prefix cache does not
-// serve one run from the one before); a workload with its own arrivals (a trace) is re-timed
+// Each run takes a fresh workload from `make_workload(step, rate)` (so that a prefix cache does
+// not serve one run from the one before; workload_for_rate() sizes it to the rate); a workload with its own arrivals (a trace) is re-timed
 // to the rate: every arrival multiplied by (its own mean rate / the rate).
 #pragma once
 
@@ -49,8 +49,14 @@ double slo_attainment(const std::vector<RequestRecord>& records, const GoodputSl
 
 // Each run prints its progress bar when base.progress; `on_point` (optional) sees each point.
 Result<SweepResult> run_sweep(const ServeBenchOptions& base, const SweepOptions& sweep,
-                              const std::function<Result<Workload>(int step)>& make_workload,
+                              const std::function<Result<Workload>(int step, double rate)>& make_workload,
                               const std::function<void(const SweepPoint&)>& on_point = {});
+
+// The workload of one sweep run: `base` with its seed moved by `step`, and (for datasets that
+// draw arrivals) max(num_prompts, rate * min_run_seconds) requests, at most max_prompts, so
+// that a run at a high rate lasts long enough to build a queue when the server cannot keep up.
+Result<Workload> workload_for_rate(const WorkloadOptions& base, int step, double rate,
+                                   double min_run_seconds, int64_t max_prompts);
 
 // Re-times a workload's own arrivals to `rate` requests per second (unchanged when it has none).
 void retime_arrivals(Workload* w, double rate);

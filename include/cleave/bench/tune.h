@@ -35,6 +35,8 @@ struct TuneOptions {
   SweepOptions sweep;
   double confirm_tolerance = 0.10;
   int max_candidates = 100;  // candidates measured at most (the rest are not generated)
+  double min_run_seconds = 3;  // see workload_for_rate()
+  int64_t max_prompts_per_run = 600;
 };
 
 struct TuneRow {

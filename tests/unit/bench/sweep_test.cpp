@@ -34,11 +34,25 @@ TEST(Sweep, RetimesOwnArrivalsToTheRate) {
   EXPECT_FALSE(w.requests[4].arrival_s.has_value());
 }
 
+TEST(Sweep, RunsAtHighRatesGetMoreRequests) {
+  WorkloadOptions o;
+  o.num_prompts = 10;
+  o.random_input_len = 4;
+  o.random_output_len = 2;
+  EXPECT_EQ(workload_for_rate(o, 0, 100.0, 0, 1000).value().requests.size(), 10u);   // fixed
+  EXPECT_EQ(workload_for_rate(o, 0, 1.0, 3.0, 1000).value().requests.size(), 10u);   // at least
+  EXPECT_EQ(workload_for_rate(o, 0, 20.0, 3.0, 1000).value().requests.size(), 60u);  // 3 s of it
+  EXPECT_EQ(workload_for_rate(o, 0, 1e6, 3.0, 200).value().requests.size(), 200u);   // capped
+  // Each step draws other prompts.
+  EXPECT_NE(workload_for_rate(o, 0, 1, 0, 0).value().requests[0].prompt,
+            workload_for_rate(o, 1, 1, 0, 0).value().requests[0].prompt);
+}
+
 TEST(Sweep, NeedsAnSloAndSaneOptions) {
   ServeBenchOptions o;
   o.model = "m";
   SweepOptions s;
-  const auto never = [](int) -> Result<Workload> { return Internal("must not be called"); };
+  const auto never = [](int, double) -> Result<Workload> { return Internal("must not be called"); };
   auto r = run_sweep(o, s, never);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("--goodput"), std::string::npos);
