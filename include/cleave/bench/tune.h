@@ -8,8 +8,9 @@
 // then tokens per step, max sequences, prefix caching, KV size), keeping the best value of each;
 // a candidate whose first sweep point reaches less than half the goodput of the best so far is
 // pruned (not swept further). When the budget of minutes runs out the remaining candidates are
-// skipped. The winner is served again and measured at its rate once more (the confirmation run:
-// its goodput must be within 10% of the sweep's); the result is the YAML, a table and an SVG.
+// skipped. The winner is served again and measured at its rate once more after one warm-up run
+// (the confirmation run: its goodput must be within 10% of the sweep's); the result is the YAML,
+// a table and an SVG.
 #pragma once
 
 #include <string>
