@@ -273,6 +273,14 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
       CLEAVE_ASSIGN_OR_RETURN(run, run_serve_bench(b, wl));
     }
     result.confirmed_goodput = run.metrics.request_goodput;
+    result.confirmed_attainment = slo_attainment(run.records, b.goodput);
+    result.confirmed_failed = run.metrics.failed;
+    for (const auto& rec : run.records) {
+      if (!rec.success) {
+        result.confirmed_first_error = rec.error.substr(0, 200);
+        break;
+      }
+    }
     result.confirmed_within = std::abs(result.confirmed_goodput - result.predicted_goodput) <=
                               o.confirm_tolerance * result.predicted_goodput;
     CLEAVE_RETURN_IF_ERROR(serve->stop());
@@ -294,9 +302,12 @@ std::string tune_table(const TuneResult& r) {
                        row.sweep.best_rate, row.goodput, row.sweep.points.size(), status);
   }
   if (r.best >= 0) {
-    out += fmt::format("\nConfirmation run: {:.3f} req/s goodput against {:.3f} predicted ({}).\n",
-                       r.confirmed_goodput, r.predicted_goodput,
-                       r.confirmed_within ? "within 10%" : "NOT within 10%");
+    out += fmt::format(
+        "\nConfirmation run: {:.3f} req/s goodput against {:.3f} predicted ({}); SLO attainment "
+        "{:.1f}%, {} failed{}.\n",
+        r.confirmed_goodput, r.predicted_goodput, r.confirmed_within ? "within 10%" : "NOT within 10%",
+        100 * r.confirmed_attainment, r.confirmed_failed,
+        r.confirmed_first_error.empty() ? "" : " (first: " + r.confirmed_first_error + ")");
   } else {
     out += "\nNo candidate met the SLOs at any rate tried.\n";
   }

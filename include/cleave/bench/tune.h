@@ -53,6 +53,9 @@ struct TuneResult {
   int best = -1;  // index into rows
   double predicted_goodput = 0, confirmed_goodput = 0;
   bool confirmed_within = false;
+  double confirmed_attainment = 0;  // of the confirmation run
+  int64_t confirmed_failed = 0;
+  std::string confirmed_first_error;
   double seconds = 0;
 };
 
