@@ -1,4 +1,5 @@
-// `cleave bench transfer`: transfer-engine bandwidth and latency against a raw fi_write loop.
+// `cleave bench transfer`: transfer-engine bandwidth and latency against a raw fi_write loop
+// (`bench serve` and `bench sweep` are in cmd_bench_serve.cpp).
 #include <fstream>
 #include <iostream>
 
@@ -12,6 +13,7 @@ namespace cleave::cli {
 void add_bench_command(CLI::App& app, int* exit_code) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
+  add_bench_serve_commands(bench, exit_code);
   auto* cmd = bench->add_subcommand(
       "transfer", "Write bandwidth/latency of the transfer engine vs a raw fi_write loop (two processes)");
   struct Args {

@@ -11,11 +11,13 @@ void add_tokenize_command(CLI::App& app, int* exit_code);
 void add_convert_command(CLI::App& app, int* exit_code);
 void add_model_command(CLI::App& app, int* exit_code);  // `model synth`
 void add_config_command(CLI::App& app, int* exit_code); // `config show|table`
-void add_bench_command(CLI::App& app, int* exit_code);  // `bench transfer`
+void add_bench_command(CLI::App& app, int* exit_code);  // `bench transfer`, and the two below
+void add_bench_serve_commands(CLI::App* bench, int* exit_code);  // `bench serve`, `bench sweep`
 void add_template_command(CLI::App& app, int* exit_code);  // chat templates
 void add_client_command(CLI::App& app, int* exit_code); // one request on running workers
 void add_worker_command(CLI::App& app, int* exit_code); // `worker --role ...`
 void add_serve_command(CLI::App& app, int* exit_code);  // `serve`: workers + router
 void add_router_command(CLI::App& app, int* exit_code); // `router`: the router alone
+void add_tune_command(CLI::App& app, int* exit_code);   // `tune`: a config for a workload
 
 }  // namespace cleave::cli

@@ -134,7 +134,8 @@ RouteDecision route_request(const HttpServerOptions& options, const RouterFronte
     }
   }
 
-  const bool get = input.method == "GET";
+  // HEAD is served wherever GET is (the session drops the body, keeping its Content-Length).
+  const bool get = input.method == "GET" || input.method == "HEAD";
   const bool post = input.method == "POST";
   if (path == kCompletions || path == kChatCompletions) {
     d.handler = path == kCompletions ? kCompletions : kChatCompletions;
@@ -154,7 +155,7 @@ RouteDecision route_request(const HttpServerOptions& options, const RouterFronte
   if (path == kModels || path.starts_with(kModelsPrefix)) {
     d.handler = kModels;
     if (!get) {
-      d.response = method_not_allowed(input.method, path, "GET");
+      d.response = method_not_allowed(input.method, path, "GET, HEAD");
       return d;
     }
     if (path == kModels) {
@@ -167,13 +168,14 @@ RouteDecision route_request(const HttpServerOptions& options, const RouterFronte
   }
   if (path == kHealth) {
     d.handler = kHealth;
-    d.response = get ? health_response(frontend) : method_not_allowed(input.method, path, "GET");
+    d.response =
+        get ? health_response(frontend) : method_not_allowed(input.method, path, "GET, HEAD");
     return d;
   }
   if (path == kMetrics) {
     d.handler = kMetrics;
     if (!get) {
-      d.response = method_not_allowed(input.method, path, "GET");
+      d.response = method_not_allowed(input.method, path, "GET, HEAD");
       return d;
     }
     SimpleResponse r;

@@ -96,6 +96,7 @@ void HttpSession::read_next() {
     close();
     return;
   }
+  head_request_ = false;
   parser_.emplace();
   parser_->header_limit(ctx_.options.max_header_bytes);
   parser_->body_limit(ctx_.options.max_body_bytes);
@@ -165,6 +166,7 @@ void HttpSession::on_body(beast::error_code ec, size_t) {
 void HttpSession::fail_read(beast::error_code ec) {
   handler_ = "other";
   keep_alive_ = false;
+  head_request_ = parser_ && parser_->is_header_done() && parser_->get().method() == http::verb::head;
   if (ec == http::error::body_limit) {
     respond(error_response(openai::body_too_large(ctx_.options.max_body_bytes)), true);
   } else if (ec == http::error::header_limit) {
@@ -186,6 +188,7 @@ void HttpSession::handle_request() {
   auto& req = parser_->get();
   keep_alive_ = req.keep_alive();
   version_ = req.version();
+  head_request_ = req.method() == http::verb::head;
   RouteDecision decision;
   try {
     const RouteInput input{.method = req.method_string(),
@@ -216,7 +219,9 @@ void HttpSession::respond(SimpleResponse response, bool close_after) {
   head_.clear();
   append_head(head_, response.status, response.content_type, response.extra_headers, close_after);
   fmt::format_to(std::back_inserter(head_), "Content-Length: {}\r\n\r\n", response.body.size());
-  body_ = std::move(response.body);
+  // A reply to HEAD never has a body (RFC 9110 9.3.2), errors included: bytes after the head
+  // would be read as the start of the next response on this keep-alive connection.
+  body_ = head_request_ ? std::string() : std::move(response.body);
   writing_ = true;
   stream_.expires_after(ctx_.options.write_timeout);
   const std::array<net::const_buffer, 2> buffers{net::buffer(head_), net::buffer(body_)};

@@ -98,6 +98,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   std::optional<http::request_parser<http::string_body>> parser_;
   Clock::time_point arrival_{};
   bool keep_alive_ = false;
+  bool head_request_ = false;  // the request is HEAD: replies carry headers only, never a body
   unsigned version_ = 11;
   std::string_view handler_ = "other";
 

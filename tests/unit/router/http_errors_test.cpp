@@ -104,6 +104,50 @@ TEST_F(HttpErrorsTest, UnknownPathsModelsAndMethods) {
   EXPECT_EQ(c.request("GET", "/health").status, 200);  // still on the same connection
 }
 
+// HEAD is answered on every GET route with the GET reply's headers and no body, and errors to
+// HEAD (401, 404, 405) carry no body either: on one keep-alive connection, each next GET must
+// read a whole, intact response (a stray body would be parsed as its status line).
+TEST_F(HttpErrorsTest, HeadRepliesCarryNoBody) {
+  TestClient c(router_->port());
+  const auto expect_next_get_intact = [&](const std::string& after) {
+    const auto g = c.request("GET", "/health");
+    EXPECT_EQ(g.status, 200) << "after HEAD " << after << ": " << g.body;
+    EXPECT_EQ(g.json_body().value("status", ""), "ok") << "after HEAD " << after << ": " << g.body;
+  };
+  const auto metrics_get = c.request("GET", "/metrics");
+  ASSERT_EQ(metrics_get.status, 200);
+  for (const std::string target : {"/metrics", "/health", "/v1/models", "/v1/models/synth-router"}) {
+    const auto h = c.head(target, auth());
+    EXPECT_EQ(h.status, 200) << target;
+    EXPECT_TRUE(h.body.empty()) << target;
+    EXPECT_TRUE(h.keep_alive) << target;
+    EXPECT_FALSE(h.header("content-length").empty()) << target;
+    if (target == "/metrics") {
+      EXPECT_EQ(h.header("content-type"), metrics_get.header("content-type"));
+    }
+    expect_next_get_intact(target);
+  }
+  const auto models_get = c.request("GET", "/v1/models", "", auth());
+  EXPECT_EQ(c.head("/v1/models", auth()).header("content-length"),
+            std::to_string(models_get.body.size()));
+  expect_next_get_intact("/v1/models (length)");
+
+  struct Case { std::string target; bool with_key; int status; };
+  for (const Case& k : {Case{"/v1/completions", true, 405}, Case{"/v1/chat/completions", true, 405},
+                        Case{"/nope", true, 404}, Case{"/v1/models/not-served", true, 404},
+                        Case{"/v1/models", false, 401}}) {
+    const auto h = k.with_key ? c.head(k.target, auth()) : c.head(k.target);
+    EXPECT_EQ(h.status, k.status) << k.target;
+    EXPECT_TRUE(h.body.empty()) << k.target;
+    expect_next_get_intact(k.target);
+  }
+  EXPECT_EQ(c.head("/v1/completions", auth()).header("allow"), "POST");
+  expect_next_get_intact("/v1/completions (allow)");
+  const auto del = c.request("DELETE", "/metrics");
+  EXPECT_EQ(del.status, 405);
+  EXPECT_EQ(del.header("allow"), "GET, HEAD");
+}
+
 TEST_F(HttpErrorsTest, OversizedBodiesAre413) {
   {
     TestClient c(router_->port());
