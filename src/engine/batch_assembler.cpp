@@ -15,7 +15,7 @@ void BatchAssembler::reserve(int64_t max_batch_tokens) {
   slots_.assign(n, 0);
   seq_.assign(n, 0);
   seq_blocks_.assign(n, 0);
-  logit_rows_.reserve(n);
+  logit_rows_.reserve(2 * n);  // a token may go to its span and to the hook
   block_ids_.reserve(n * 64);
 }
 
@@ -96,6 +96,10 @@ bool BatchAssembler::next() {
       slots_[r] = static_cast<int64_t>(b.block_table[static_cast<size_t>(pos / block_size_)]) *
                       block_size_ + pos % block_size_;
       seq_[r] = n_seqs;
+      if (b.all_logits) {
+        logit_rows_.push_back(LogitRow{.row = row + i, .logits = {}, .sequence = cursor_seq_,
+                                       .index = cursor_tok_ + i});
+      }
     }
     // The blocks this sub-batch's tokens of the sequence read: positions 0..last.
     const int64_t blocks = (first_pos + take - 1) / block_size_ + 1;
@@ -105,7 +109,7 @@ bool BatchAssembler::next() {
     row += take;
     cursor_tok_ += take;
     if (cursor_tok_ == n) {
-      if (!b.logits.empty()) logit_rows_.push_back(LogitRow{row - 1, b.logits});
+      if (!b.logits.empty()) logit_rows_.push_back(LogitRow{.row = row - 1, .logits = b.logits});
       ++cursor_seq_;
       cursor_tok_ = 0;
     }
