@@ -17,5 +17,6 @@ void add_client_command(CLI::App& app, int* exit_code); // one request on runnin
 void add_worker_command(CLI::App& app, int* exit_code); // `worker --role ...`
 void add_serve_command(CLI::App& app, int* exit_code);  // `serve`: workers + router
 void add_router_command(CLI::App& app, int* exit_code); // `router`: the router alone
+void add_perplexity_command(CLI::App& app, int* exit_code);  // `perplexity`
 
 }  // namespace cleave::cli
