@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cleave/model/gguf_writer.h"
+#include "cleave/model/quants.h"
 #include "cleave/model/safetensors.h"
 #include "cleave/model/synth.h"
 
@@ -66,6 +67,14 @@ int main(int argc, char** argv) {
     w.add_tensor("f16", cleave::DType::kF16, {4}, Bytes(8, std::byte{0x3c}));
     w.add_tensor("bf16", cleave::DType::kBF16, {1, 4}, Bytes(8, std::byte{0x3f}));
     w.add_tensor("q8", cleave::DType::kQ8_0, {32}, Bytes(34, std::byte{1}));
+    // One tensor of every other block format: a row of one block (legacy) or super-block (K).
+    for (int i = 0; i < cleave::kNumDTypes; ++i) {
+      const auto t = static_cast<cleave::DType>(i);
+      if (!cleave::dtype_is_quantized(t) || t == cleave::DType::kQ8_0) continue;
+      const auto& info = cleave::dtype_info(t);
+      w.add_tensor(std::string(info.name), t, {info.block_elems},
+                   Bytes(static_cast<size_t>(info.block_bytes), std::byte{0x11}));
+    }
     gguf("tensors.gguf", w);
     cleave::GgufWriter w64(64);
     w64.add_tensor("a", cleave::DType::kF32, {1}, f32s({1}));

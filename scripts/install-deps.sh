@@ -31,9 +31,10 @@ else
 fi
 
 # Python packages for the end-to-end tests (real clients against `cleave serve`): the official
-# `openai` client, and grpcio-tools (grpcio, protobuf and a protoc for the gRPC API's stubs).
+# `openai` client, and grpcio-tools (grpcio, protobuf and a protoc for the gRPC API's stubs);
+# gguf (llama.cpp's gguf-py, with numpy) as the reference the block formats are checked against.
 # Each entry is PACKAGE:MODULE (the module the check imports).
-PIP_PACKAGES=(openai:openai grpcio-tools:grpc_tools)
+PIP_PACKAGES=(openai:openai grpcio-tools:grpc_tools gguf==0.19.0:gguf)
 pip_missing=()
 for entry in "${PIP_PACKAGES[@]}"; do
   python3 -c "import ${entry#*:}" 2>/dev/null || pip_missing+=("${entry%%:*}")

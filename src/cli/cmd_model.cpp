@@ -24,7 +24,9 @@ int run_synth(const SynthFlags& f) {
   SynthOptions o = f.opts;
   auto dt = parse_dtype(f.dtype);
   if (!dt) {
-    std::fprintf(stderr, "cleave model synth: --dtype '%s' is not one of f32, f16, bf16, q8_0\n",
+    std::fprintf(stderr,
+                 "cleave model synth: --dtype '%s' is not one of f32, f16, bf16, q8_0, q4_0, "
+                 "q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k\n",
                  f.dtype.c_str());
     return 2;
   }
@@ -65,7 +67,11 @@ void add_model_command(CLI::App& app, int* exit_code) {
   synth->add_option("--kv-heads", o.kv_heads, "key/value heads (GQA)")->capture_default_str();
   synth->add_option("--ffn", o.ffn, "feed-forward size")->capture_default_str();
   synth->add_option("--vocab", o.vocab, "vocabulary size (>= 258)")->capture_default_str();
-  synth->add_option("--dtype", f->dtype, "matrix dtype: f32, f16, bf16, q8_0")->capture_default_str();
+  synth->add_option("--dtype", f->dtype,
+                    "matrix dtype: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, "
+                    "q4_k, q5_k, q6_k (K-quants fall back per tensor as llama.cpp does when a "
+                    "row is not a multiple of 256)")
+      ->capture_default_str();
   synth->add_option("--seed", o.seed, "weight seed (same seed, same file)")->capture_default_str();
   synth->add_option("--context", o.context, "context length (llama.context_length)")
       ->capture_default_str();

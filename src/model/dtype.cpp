@@ -1,17 +1,30 @@
 #include "cleave/model/dtype.h"
 
+#include "cleave/model/quants.h"
+
 #include <array>
 #include <cmath>
 #include <limits>
 
 namespace cleave {
 namespace {
-constexpr std::array<DTypeInfo, 4> kInfos = {{
+constexpr std::array<DTypeInfo, kNumDTypes> kInfos = {{
     {"f32", 1, 4},
     {"f16", 1, 2},
     {"bf16", 1, 2},
     {"q8_0", kQ8_0BlockElems, sizeof(BlockQ8_0)},
+    {"q4_0", kQK, sizeof(BlockQ4_0)},
+    {"q4_1", kQK, sizeof(BlockQ4_1)},
+    {"q5_0", kQK, sizeof(BlockQ5_0)},
+    {"q5_1", kQK, sizeof(BlockQ5_1)},
+    {"q2_k", kQK_K, sizeof(BlockQ2_K)},
+    {"q3_k", kQK_K, sizeof(BlockQ3_K)},
+    {"q4_k", kQK_K, sizeof(BlockQ4_K)},
+    {"q5_k", kQK_K, sizeof(BlockQ5_K)},
+    {"q6_k", kQK_K, sizeof(BlockQ6_K)},
 }};
+// ggml type id of each DType, in DType order.
+constexpr std::array<uint32_t, kNumDTypes> kGgmlIds = {0, 1, 30, 8, 2, 3, 6, 7, 10, 11, 12, 13, 14};
 }  // namespace
 
 const DTypeInfo& dtype_info(DType t) { return kInfos[static_cast<size_t>(t)]; }
@@ -32,24 +45,12 @@ std::optional<DType> parse_dtype(std::string_view name) {
 }
 
 std::optional<DType> dtype_from_ggml(uint32_t ggml_type) {
-  switch (ggml_type) {
-    case 0: return DType::kF32;
-    case 1: return DType::kF16;
-    case 8: return DType::kQ8_0;
-    case 30: return DType::kBF16;
-    default: return std::nullopt;
-  }
+  for (size_t i = 0; i < kGgmlIds.size(); ++i)
+    if (kGgmlIds[i] == ggml_type) return static_cast<DType>(i);
+  return std::nullopt;
 }
 
-uint32_t dtype_to_ggml(DType t) {
-  switch (t) {
-    case DType::kF32: return 0;
-    case DType::kF16: return 1;
-    case DType::kQ8_0: return 8;
-    case DType::kBF16: return 30;
-  }
-  return 0;
-}
+uint32_t dtype_to_ggml(DType t) { return kGgmlIds[static_cast<size_t>(t)]; }
 
 std::optional<uint64_t> dtype_row_bytes(DType t, uint64_t n) {
   const auto& info = dtype_info(t);

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "cleave/model/quants.h"
 #include "fmt/format.h"
 #include "fmt/ranges.h"
 
@@ -36,7 +37,7 @@ Status expect_tensor(const ModelFile& m, const std::string& name, std::vector<in
   if (t->shape != shape)
     return InvalidArgument(fmt::format("tensor '{}' has shape [{}], expected [{}]", name,
                                        fmt::join(t->shape, ", "), fmt::join(shape, ", ")));
-  if (!matrix && t->dtype == DType::kQ8_0)
+  if (!matrix && dtype_is_quantized(t->dtype))
     return InvalidArgument(fmt::format("tensor '{}' is {}; vectors must be f32, f16 or bf16",
                                        name, dtype_name(t->dtype)));
   auto row = dtype_row_bytes(t->dtype, static_cast<uint64_t>(shape.back()));

@@ -14,7 +14,7 @@
 namespace cleave {
 
 struct HfExportOptions {
-  bool dequantize_q8_0 = true;  // false: a Q8_0 tensor is an error
+  bool dequantize = true;  // false: a block-quantised tensor (Q8_0, Q4_K, ...) is an error
   uint64_t max_shard_bytes = 0; // 0: one model.safetensors; else shards of at most this size
                                 // (a larger tensor gets a shard of its own)
   bool write_tokenizer = true;  // tokenizer.json + tokenizer_config.json

@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "cleave/engine/cpu_kernels.h"
+#include "cleave/model/quants.h"
 #include "kernel_set.h"
 
 namespace cleave::cpu {
@@ -38,6 +40,16 @@ bool cpu_has_avx512_kernels() {
     __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
     return (xcr0_lo & 0xe6u) == 0xe6u;
   }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512_vnni() {
+#if defined(__x86_64__)
+  static const bool has = cpu_has_avx512_kernels() && __builtin_cpu_supports("avx512vnni") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
   return has;
 #else
   return false;
@@ -79,58 +91,34 @@ bool set_kernel_isa(std::string_view name) {
   return true;
 }
 
+bool uses_int_path(DType t) { return dtype_is_quantized(t) && t != DType::kQ8_0; }
+
 float dot_row(const TensorView& w, int64_t r, const float* x) {
   const int64_t n = w.cols();
   const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
+  const std::byte* row = w.data + static_cast<uint64_t>(r) * row_bytes;
+  const detail::KernelSet& set = detail::active_kernels();
   float y = 0.0f;
-  detail::active_kernels().dot_tile[static_cast<size_t>(w.dtype)](
-      w.data + static_cast<uint64_t>(r) * row_bytes, row_bytes, 1, x, 0, 1, n, &y, 0);
+  if (uses_int_path(w.dtype)) {
+    std::vector<int8_t> q(static_cast<size_t>(n));
+    std::vector<float> d(static_cast<size_t>(n / kQK));
+    std::vector<int16_t> psum(static_cast<size_t>(n / 2));
+    set.quantize_acts(x, n, 1, n, q.data(), d.data(), psum.data());
+    set.qdot(w.dtype, row, row_bytes, 1, {q.data(), d.data(), psum.data(), n}, 1, &y, 0);
+    return y;
+  }
+  set.dot_tile[static_cast<size_t>(w.dtype)](row, row_bytes, 1, x, 0, 1, n, &y, 0);
   return y;
 }
-
-namespace {
-
-void elements_to_f32(DType dtype, const std::byte* src, int64_t n, float* out) {
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));
-      return;
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-      return;
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-      return;
-    case DType::kQ8_0:
-      for (int64_t b = 0; b < n / kQ8_0BlockElems; ++b) {
-        BlockQ8_0 blk;
-        std::memcpy(&blk, src + b * static_cast<int64_t>(sizeof(BlockQ8_0)), sizeof blk);
-        const float scale = f16_to_f32(blk.scale);
-        for (int j = 0; j < kQ8_0BlockElems; ++j)
-          out[b * kQ8_0BlockElems + j] = scale * static_cast<float>(blk.q[j]);
-      }
-      return;
-  }
-}
-
-}  // namespace
 
 void row_to_f32(const TensorView& w, int64_t r, float* out) {
   const int64_t n = w.cols();
   const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
-  elements_to_f32(w.dtype, w.data + static_cast<uint64_t>(r) * row_bytes, n, out);
+  decode_row(w.dtype, w.data + static_cast<uint64_t>(r) * row_bytes, n, out);
 }
 
 void tensor_to_f32(const TensorView& w, float* out) {
-  elements_to_f32(w.dtype, w.data, w.elements(), out);
+  decode_row(w.dtype, w.data, w.elements(), out);
 }
 
 }  // namespace cleave::cpu

@@ -226,7 +226,9 @@ const KernelSet& avx2_kernels() {
                               &dot_tile<BF16Weights>, &dot_tile<Q8_0Weights>},
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
-                             nullptr};
+                             nullptr,
+                             &quantize_acts_avx2,
+                             &qdot_avx2};
   return set;
 }
 

@@ -350,7 +350,9 @@ const KernelSet& avx512_kernels() {
       {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>,
        &matmul_block<Q8_0Weights>},
       &dot_f32,
-      &axpy};
+      &axpy,
+      &quantize_acts_avx2,
+      cpu_has_avx512_vnni() ? &qdot_avx512_vnni : &qdot_avx2};
   return set;
 }
 

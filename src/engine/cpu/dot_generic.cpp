@@ -84,7 +84,9 @@ const KernelSet& generic_kernels() {
                               &dot_tile<BF16Weights>, &dot_tile<Q8_0Weights>},
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
-                             nullptr};
+                             nullptr,
+                             &quantize_acts_generic,
+                             &qdot_generic};
   return set;
 }
 

@@ -6,8 +6,8 @@
 //   then, when 8 or more elements remain, one more chunk of 8 into a0;
 //   then a fixed horizontal sum of (a0 + a1) (8 -> 4 -> 2 -> 1 lanes);
 //   then each remaining element (< 8) added in order.
-// Quantised weights are first turned into exact f32 values (q8_0: scale * q is exact in f32), so
-// the order above holds for every dtype. A tile of several rows and tokens keeps this order for
+// Q8_0 weights are first turned into exact f32 values (scale * q is exact in f32), so the order
+// above holds for f32, f16, bf16 and q8_0 alike. A tile of several rows and tokens keeps this order for
 // each (row, token) pair: tiling only interleaves independent accumulators, which is why results
 // are bit-identical whatever the tile shape, the thread count or the batch size.
 // The AVX-512 set keeps a0 and a1 as the low and high halves of one 16-lane accumulator (the
@@ -45,15 +45,61 @@ using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
 // result equals the portable loop's.
 using AxpyFn = void (*)(float* y, float a, const float* x, int64_t n);
 
+// The integer path (every block format but Q8_0, see quants_path() in cpu_kernels.h). The
+// activation row of each token is first quantised, per 32-element block b, to
+//   dx[b] = amax / 127 (f32),  xq[i] = nearbyint(x[i] * (1 / dx[b]))  (round half to even),
+// and each weight block is seen as value[i] = d * sc[i/16] * q[i] + m * mn[i/16] (IntBlock in
+// quants.h). Then, per (row, token), with two 8-lane f32 accumulators as and am, for each block b
+// in increasing order and each lane j < 8:
+//   s_j = sc[j/4] * sum_{k<4} q[4j+k] * xq[4j+k]          (exact, int32)
+//   as_j = fma(d * dx[b], float(s_j), as_j)                (d * dx[b] one rounded f32 product)
+//   and for formats with a min (m != 0 possible):
+//   t_j = mn[j/4] * sum_{k<4} xq[4j+k];   am_j = fma(m * dx[b], float(t_j), am_j)
+// then the fixed horizontal sum of (as + am) above. Every quantity before the float steps is an
+// exact integer below 2^24, so every kernel set gives the same bits, whatever the tile.
+struct QuantActs {
+  const int8_t* q;     // [n_tokens][n] levels
+  const float* d;      // [n_tokens][n / 32] block scales
+  const int16_t* psum; // [n_tokens][n / 2] sums of adjacent levels: q[2i] + q[2i + 1]
+  int64_t n;           // elements per token
+};
+// Quantises n_tokens rows of n elements (n a multiple of 32; row t at x + t * x_stride) into
+// q, d and psum laid out as QuantActs describes.
+using QuantizeActsFn = void (*)(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
+                                int8_t* q, float* d, int16_t* psum);
+// y[t * y_stride + r] = the integer-path dot of row r with token t, r < nr, t < nt (any sizes);
+// x points at token 0's activations.
+using QDotFn = void (*)(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+                        const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
+void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
+                        int8_t* q, float* d, int16_t* psum);
+void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+               const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
+void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+                      const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
+// Whether this CPU (and OS) runs the AVX-512 VNNI kernels (AVX512-VNNI, -VL and -BW on top of
+// cpu_has_avx512_kernels()).
+bool cpu_has_avx512_vnni();
+
 struct KernelSet {
   const char* name;
-  DotTileFn dot_tile[4];  // indexed by DType
+  DotTileFn dot_tile[kNumDTypes];  // indexed by DType; null for the integer-path formats
   // Indexed by DType; null entries fall back to tiling with dot_tile (matmul.cpp).
-  MatmulBlockFn matmul_block[4];
+  MatmulBlockFn matmul_block[kNumDTypes];
   // Null: dot_tile[kF32] / the portable loop (ops.cpp).
   DotF32Fn dot_f32 = nullptr;
   AxpyFn axpy = nullptr;
+  QuantizeActsFn quantize_acts = nullptr;
+  QDotFn qdot = nullptr;  // every integer-path format
 };
+
+// The integer path of each set: portable (qdot_generic.cpp), AVX2 (qdot_avx2.cpp, maddubs) and
+// AVX-512 VNNI (qdot_avx512.cpp, vpdpbusd on 256-bit vectors). The AVX-512 set uses the VNNI
+// kernels where the CPU has AVX512-VNNI/VL/BW and the AVX2 ones elsewhere; all give the same bits.
+void quantize_acts_generic(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
+                           int8_t* q, float* d, int16_t* psum);
+void qdot_generic(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+                  const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 
 const KernelSet& generic_kernels();
 // Only valid to call when the CPU has AVX2, FMA and F16C.

@@ -212,7 +212,8 @@ Result<GgufFile> GgufFile::parse(std::span<const std::byte> bytes) {
     auto dt = dtype_from_ggml(type);
     if (!dt)
       return InvalidArgument(fmt::format("tensor '{}' has GGML type {}, which is not supported "
-                                         "(f32, f16, bf16 and q8_0 are)", t.name, type));
+                                         "(f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, "
+                                         "q4_k, q5_k and q6_k are)", t.name, type));
     t.dtype = *dt;
     CLEAVE_RETURN_IF_ERROR(c.read(&t.offset, fmt::format("offset of '{}'", t.name)));
     if (t.offset % f.alignment_ != 0)

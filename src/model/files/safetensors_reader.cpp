@@ -110,9 +110,8 @@ std::string_view dtype_to_safetensors(DType t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
-    case DType::kQ8_0: return "";
+    default: return "";  // block formats have no safetensors dtype
   }
-  return "";
 }
 
 int64_t SafetensorsTensor::elements() const {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "cleave/model/quants.h"
 #include "fmt/format.h"
 
 namespace cleave {
@@ -41,40 +42,6 @@ class NormalStream {
   uint64_t state_;
 };
 
-void encode_row(const float* x, int64_t n, DType dt, std::byte* dst) {
-  switch (dt) {
-    case DType::kF32:
-      std::memcpy(dst, x, static_cast<size_t>(n) * 4);
-      break;
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_f16(x[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      break;
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) {
-        const uint16_t h = f32_to_bf16(x[i]);
-        std::memcpy(dst + 2 * i, &h, 2);
-      }
-      break;
-    case DType::kQ8_0:  // as ggml's quantize_row_q8_0_ref
-      for (int64_t b = 0; b < n / kQ8_0BlockElems; ++b) {
-        const float* v = x + b * kQ8_0BlockElems;
-        float amax = 0.0f;
-        for (int i = 0; i < kQ8_0BlockElems; ++i) amax = std::max(amax, std::fabs(v[i]));
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        BlockQ8_0 blk;
-        blk.scale = f32_to_f16(d);
-        for (int i = 0; i < kQ8_0BlockElems; ++i)
-          blk.q[i] = static_cast<int8_t>(std::lround(v[i] * id));
-        std::memcpy(dst + b * static_cast<int64_t>(sizeof blk), &blk, sizeof blk);
-      }
-      break;
-  }
-}
-
 GgufWriter::FillFn random_matrix(uint64_t seed, std::string name, int64_t rows, int64_t cols,
                                  DType dt, float stddev) {
   return [=](std::span<std::byte> dst) -> Status {
@@ -86,7 +53,7 @@ GgufWriter::FillFn random_matrix(uint64_t seed, std::string name, int64_t rows, 
                                   row_bytes * static_cast<uint64_t>(rows)));
     for (int64_t r = 0; r < rows; ++r) {
       for (auto& v : row) v = rng.next() * stddev;
-      encode_row(row.data(), cols, dt, dst.data() + static_cast<uint64_t>(r) * row_bytes);
+      encode_row(dt, row.data(), cols, dst.data() + static_cast<uint64_t>(r) * row_bytes);
     }
     return Status::Ok();
   };
@@ -105,6 +72,16 @@ uint32_t ggml_file_type(DType dt) {
     case DType::kF16: return 1;
     case DType::kQ8_0: return 7;
     case DType::kBF16: return 32;
+    // llama.cpp's LLAMA_FTYPE_MOSTLY_*: a file of one K-quant is its _S variant.
+    case DType::kQ4_0: return 2;
+    case DType::kQ4_1: return 3;
+    case DType::kQ5_0: return 8;
+    case DType::kQ5_1: return 9;
+    case DType::kQ2_K: return 10;
+    case DType::kQ3_K: return 11;
+    case DType::kQ4_K: return 14;
+    case DType::kQ5_K: return 16;
+    case DType::kQ6_K: return 18;
   }
   return 0;
 }
@@ -127,9 +104,9 @@ std::string validate_synth_options(const SynthOptions& o) {
                        o.dim, o.heads, o.dim / o.heads);
   if (o.kv_heads > o.heads || o.heads % o.kv_heads != 0)
     return fmt::format("--heads {} is not a multiple of --kv-heads {}", o.heads, o.kv_heads);
-  if (o.dtype == DType::kQ8_0 && (o.dim % kQ8_0BlockElems != 0 || o.ffn % kQ8_0BlockElems != 0))
-    return fmt::format("--dtype q8_0 needs --dim ({}) and --ffn ({}) to be multiples of {}", o.dim,
-                       o.ffn, kQ8_0BlockElems);
+  if (dtype_is_quantized(o.dtype) && (o.dim % kQK != 0 || o.ffn % kQK != 0))
+    return fmt::format("--dtype {} needs --dim ({}) and --ffn ({}) to be multiples of {}",
+                       dtype_name(o.dtype), o.dim, o.ffn, kQK);
   if (!(o.rope_theta > 0.0f)) return fmt::format("rope theta {} must be positive", o.rope_theta);
   if (!(o.rms_eps > 0.0f && o.rms_eps < 1.0f)) return fmt::format("rms eps {} must be in (0, 1)", o.rms_eps);
   return {};
@@ -175,8 +152,10 @@ Result<GgufWriter> synth_gguf(const SynthOptions& o) {
   constexpr float kStd = 0.02f;
   const float resid_std = kStd / std::sqrt(2.0f * static_cast<float>(o.layers));
   const uint64_t s = o.seed;
+  // A K-quant asked for rows it cannot hold falls back as llama.cpp's quantiser does.
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, float stddev) {
-    w.add_tensor(name, o.dtype, {rows, cols}, random_matrix(s, name, rows, cols, o.dtype, stddev));
+    const DType dt = quant_fallback(o.dtype, cols);
+    w.add_tensor(name, dt, {rows, cols}, random_matrix(s, name, rows, cols, dt, stddev));
   };
   matrix("token_embd.weight", o.vocab, o.dim, kStd);
   w.add_tensor("output_norm.weight", DType::kF32, {o.dim}, ones_f32(o.dim));

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 
+#include "cleave/model/quants.h"
 #include "cleave/model/safetensors.h"
 #include "cleave/model/tokenizer_json.h"
 #include "fmt/format.h"
@@ -103,16 +104,9 @@ Status write_text(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
-std::vector<std::byte> dequantize_q8_0(const TensorView& t) {
-  const uint64_t blocks = t.nbytes / sizeof(BlockQ8_0);
-  std::vector<std::byte> out(blocks * kQ8_0BlockElems * sizeof(float));
-  auto* dst = reinterpret_cast<float*>(out.data());
-  for (uint64_t b = 0; b < blocks; ++b) {
-    BlockQ8_0 blk;
-    std::memcpy(&blk, t.data + b * sizeof(BlockQ8_0), sizeof blk);
-    const float d = f16_to_f32(blk.scale);
-    for (int i = 0; i < kQ8_0BlockElems; ++i) dst[b * kQ8_0BlockElems + i] = d * blk.q[i];
-  }
+std::vector<std::byte> dequantize(const TensorView& t) {
+  std::vector<std::byte> out(static_cast<size_t>(t.elements()) * sizeof(float));
+  decode_row(t.dtype, t.data, t.elements(), reinterpret_cast<float*>(out.data()));
   return out;
 }
 
@@ -138,11 +132,12 @@ Status export_hf_model(const ModelFile& model, const std::string& dir, const HfE
     if (name == "rope_freqs.weight") continue;  // carried by config.json rope_scaling
     CLEAVE_ASSIGN_OR_RETURN(std::string hn, hf_name(name));
     Prepared p{hn, t.dtype, t.shape, {t.data, t.nbytes}, nullptr};
-    if (t.dtype == DType::kQ8_0) {
-      if (!opts.dequantize_q8_0)
-        return InvalidArgument(fmt::format("tensor '{}' is q8_0, which safetensors cannot hold "
-                                           "(allow dequantising to f32)", name));
-      p.owned = std::make_shared<std::vector<std::byte>>(dequantize_q8_0(t));
+    if (dtype_is_quantized(t.dtype)) {
+      if (!opts.dequantize)
+        return InvalidArgument(fmt::format("tensor '{}' is {}, which safetensors cannot hold "
+                                           "(allow dequantising to f32)", name,
+                                           dtype_name(t.dtype)));
+      p.owned = std::make_shared<std::vector<std::byte>>(dequantize(t));
       p.dtype = DType::kF32;
       p.data = *p.owned;
     }

@@ -317,7 +317,8 @@ TEST(GgufReaderTest, RefusesUnsupportedTensorTypes) {
   Bytes b = bytes_of(small_writer());
   const size_t type_at = tensor_offset_field(b, "tensor.a", 2) - 4;
   ASSERT_EQ(peek<uint32_t>(b, type_at), 0u);
-  for (uint32_t t : {2u, 12u, 999u}) {
+  // Q8_1 (9) and IQ2_XXS (16) are ggml types cleave does not read; 999 is no type at all.
+  for (uint32_t t : {9u, 16u, 999u}) {
     Bytes bad = b;
     poke<uint32_t>(bad, type_at, t);
     auto r = parse(bad);
@@ -326,10 +327,12 @@ TEST(GgufReaderTest, RefusesUnsupportedTensorTypes) {
     EXPECT_NE(r.status().message().find("tensor.a"), std::string::npos);
     EXPECT_NE(r.status().message().find(std::to_string(t)), std::string::npos);
   }
-  // Q8_0 with a row that is not a whole number of blocks.
-  Bytes bad = b;
-  poke<uint32_t>(bad, type_at, 8u);
-  expect_error(bad, "whole number");
+  // Q8_0, Q4_1 and Q4_K with a row that is not a whole number of blocks.
+  for (uint32_t t : {8u, 3u, 12u}) {
+    Bytes bad = b;
+    poke<uint32_t>(bad, type_at, t);
+    expect_error(bad, "whole number");
+  }
 }
 
 TEST(GgufReaderTest, RefusesUnknownAndNestedMetadataTypes) {

@@ -219,7 +219,7 @@ TEST(LoaderTest, Q8ModelsAreDequantisedOrRefused) {
   auto g = load_ok(dir.file("m.gguf"));
   ASSERT_NE(g, nullptr);
   HfExportOptions strict;
-  strict.dequantize_q8_0 = false;
+  strict.dequantize = false;
   auto refused = export_hf_model(*g, dir.file("strict"), strict);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.message().find("q8_0"), std::string::npos);

@@ -1,0 +1,68 @@
+// AVX-512 VNNI integer path (kernel_set.h): vpdpbusd on 256-bit vectors sums the four u8 x s8
+// products of each int32 lane in one instruction, the lane sums maddubs + madd give in the AVX2
+// set (no saturation in either), and a lane-wise 32-bit multiply applies the sub-scales, which
+// madd applies in the AVX2 set: the same exact integers, then the same f32 steps, so this set's
+// results equal the AVX2 set's bit for bit. Compiled for AVX-512 VNNI through a target pragma;
+// runs only when cpu_has_avx512_vnni() is true.
+#include "kernel_set.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#if defined(__clang__)
+#pragma clang attribute push(                                                        \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
+    apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <immintrin.h>
+
+#include "qdot_simd.h"
+
+namespace cleave::cpu::detail {
+namespace {
+
+struct VnniDot {
+  // int32 lanes 0-3 = a, 4-7 = b.
+  static inline __m256i scales(int a, int b) {
+    return _mm256_setr_m128i(_mm_set1_epi32(a), _mm_set1_epi32(b));
+  }
+  static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);
+  }
+  static inline __m256i dot_scaled(__m256i a_u8, __m256i b_s8, __m256i sc32) {
+    return _mm256_mullo_epi32(dot(a_u8, b_s8), sc32);
+  }
+};
+
+}  // namespace
+
+void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+                      const QuantActs& x, int64_t nt, float* y, int64_t y_stride) {
+  simd::qdot<VnniDot>(t, w, row_bytes, nr, x, nt, y, y_stride);
+}
+
+}  // namespace cleave::cpu::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else
+
+namespace cleave::cpu::detail {
+void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+                      const QuantActs& x, int64_t nt, float* y, int64_t y_stride) {
+  qdot_generic(t, w, row_bytes, nr, x, nt, y, y_stride);
+}
+}  // namespace cleave::cpu::detail
+
+#endif
