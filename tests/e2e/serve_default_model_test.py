@@ -75,9 +75,9 @@ class DefaultModelTest(unittest.TestCase):
             model=NAME, messages=[{"role": "user", "content": question}], **kw)
 
     def test_chat_answers_and_stops_at_the_end_of_its_turn(self):
-        r = self.chat("What is the capital of France?")
+        r = self.chat("What is the capital of Germany?")
         c = r.choices[0]
-        self.assertIn("Paris", c.message.content)
+        self.assertIn("Berlin", c.message.content)
         self.assertEqual(c.finish_reason, "stop")  # at <|im_end|>, not at max_tokens
         self.assertLess(r.usage.completion_tokens, 64)
         for special in ("<|im_end|>", "<|im_start|>", "<|endoftext|>"):
