@@ -23,10 +23,11 @@ Status BatchAssembler::validate(std::span<const BatchSequence> batch, const KvLa
                                 const ModelConfig& cfg, int64_t max_context) {
   if (batch.empty()) return InvalidArgument("forward_batch: the batch has no sequences");
   if (pool.n_layers != cfg.n_layers || pool.n_kv_heads != cfg.n_kv_heads ||
-      pool.head_dim != cfg.head_dim || pool.dtype != DType::kF32) {
+      pool.head_dim != cfg.head_dim ||
+      (pool.dtype != DType::kF32 && pool.dtype != DType::kF16 && pool.dtype != DType::kBF16)) {
     return InvalidArgument(fmt::format(
         "forward_batch: the KV pool's layout ({}) does not match the model ({} layers, {} KV "
-        "heads, head dim {}, f32)",
+        "heads, head dim {}, f32, f16 or bf16)",
         pool.to_string(), cfg.n_layers, cfg.n_kv_heads, cfg.head_dim));
   }
   for (size_t s = 0; s < batch.size(); ++s) {

@@ -238,8 +238,8 @@ const ModelConfig& LlamaModel::config() const { return impl_->cfg; }
 int64_t LlamaModel::max_context() const { return impl_->max_context; }
 ThreadPool& LlamaModel::pool() { return *impl_->pool; }
 Backend& LlamaModel::backend() { return *impl_->backend; }
-KvLayout LlamaModel::kv_layout(int64_t block_size, int64_t num_blocks) const {
-  return KvLayout::for_model(impl_->cfg, block_size, num_blocks);
+KvLayout LlamaModel::kv_layout(int64_t block_size, int64_t num_blocks, DType kv_dtype) const {
+  return KvLayout::for_model(impl_->cfg, block_size, num_blocks, kv_dtype);
 }
 uint64_t LlamaModel::weight_bytes_per_token() const { return impl_->weight_bytes; }
 
@@ -281,8 +281,9 @@ void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hook
   const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
   const bool last_sub_batch = assembler.last();
   const KvLayout& layout = pool.layout();
-  const PagedKv kv{.base = pool.k(0, 0), .num_blocks = layout.num_blocks,
-                   .block_size = layout.block_size, .kv_dim = kv_dim};
+  const PagedKv kv{.base = pool.data(), .num_blocks = layout.num_blocks,
+                   .block_size = layout.block_size, .kv_dim = kv_dim, .dtype = layout.dtype,
+                   .element_bytes = dtype_info(layout.dtype).block_bytes};
   Backend& be = *backend;
   be.embedding(*token_embd, assembler.token_ids(), x.data());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {

@@ -36,7 +36,7 @@ Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaMode
   }
   int64_t blocks = opts.num_blocks;
   if (blocks <= 0) {
-    const KvLayout one = model->kv_layout(opts.block_size, 1);
+    const KvLayout one = model->kv_layout(opts.block_size, 1, opts.kv_dtype);
     const uint64_t per_block = one.block_bytes() * static_cast<uint64_t>(one.n_layers);
     blocks = per_block == 0 ? 0 : static_cast<int64_t>(opts.kv_cache_bytes / per_block);
     if (blocks <= 0) {
@@ -47,7 +47,7 @@ Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaMode
     }
   }
   CLEAVE_ASSIGN_OR_RETURN(auto pool,
-                          KvBlockPool::create(model->kv_layout(opts.block_size, blocks)));
+                          KvBlockPool::create(model->kv_layout(opts.block_size, blocks, opts.kv_dtype)));
   std::unique_ptr<EngineLoop> loop(
       new EngineLoop(std::move(model), std::move(tokenizer), std::move(pool), opts));
   loop->thread_ = std::thread([l = loop.get()] { l->run(); });

@@ -65,8 +65,9 @@ class LlamaModel {
   int64_t max_context() const;
   ThreadPool& pool();
   Backend& backend();
-  // The KV pool layout this model reads and writes: `num_blocks` blocks of `block_size` tokens.
-  KvLayout kv_layout(int64_t block_size, int64_t num_blocks) const;
+  // The KV pool layout this model reads and writes: `num_blocks` blocks of `block_size` tokens,
+  // K/V stored as `kv_dtype` (f32, f16 or bf16; attention converts rows to f32 as it reads).
+  KvLayout kv_layout(int64_t block_size, int64_t num_blocks, DType kv_dtype = DType::kF32) const;
 
   // Runs every sequence of `batch` one step: each sequence's tokens at its positions, all tokens
   // of all sequences together through each matmul, attention per (sequence, token, head) over

@@ -67,6 +67,7 @@ struct EngineLoopOptions {
   int64_t block_size = 16;                  // tokens per KV block
   int64_t num_blocks = 0;                   // > 0: the pool's block count (wins over the budget)
   uint64_t kv_cache_bytes = 256ull << 20;   // else the pool's memory budget
+  DType kv_dtype = DType::kF32;             // K/V element type: f32, f16 or bf16
   SchedulerOptions scheduler;
   std::string thread_name = "engine";
 };
@@ -299,7 +300,8 @@ class EngineLoop {
   std::thread thread_;
 };
 
-// The engine loop's options from the configuration's engine section.
+// The engine loop's options from the configuration's engine section (engine.kv_dtype is one
+// of f32, f16, bf16: the settings registry checks it).
 EngineLoopOptions engine_loop_options(const EngineSettings& settings);
 
 }  // namespace cleave
