@@ -1,7 +1,13 @@
 // Engine bench: prefill and single-sequence decode rates of a model file on the CPU engine, beside
 // the floor that memory bandwidth sets for decode (every weight byte read once per token).
 //
-//   engine_bench --model FILE [--threads N] [--prompt-tokens P] [--gen-tokens G] [--json FILE]
+//   engine_bench --model FILE [--model FILE2 ...] [--threads N] [--prompt-tokens P]
+//                [--gen-tokens G] [--json FILE]
+//
+// With several models (e.g. one model in F16, Q8_0, Q6_K, Q4_K and Q4_1, made with `cleave
+// convert --to gguf --dtype T`), each is measured in turn and a table of every model's decode and
+// prefill rate beside its read floor (streaming-read bandwidth / weight bytes per token) ends
+// the output; --json then holds one object per line.
 //
 // The prompt is P deterministic token ids; decode continues greedily for G tokens. A short
 // warm-up run first faults the mmapped weights in, so the timings are steady-state rates.
@@ -27,7 +33,8 @@
 namespace {
 
 struct Options {
-  std::string model;
+  std::vector<std::string> models;
+  std::string model;  // the one being measured
   int threads = 0;
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 64;
@@ -47,21 +54,21 @@ struct Figures {
 };
 
 constexpr const char* kUsage =
-    "usage: engine_bench --model FILE [--threads N] [--prompt-tokens P] "
+    "usage: engine_bench --model FILE [--model FILE2 ...] [--threads N] [--prompt-tokens P] "
     "[--gen-tokens G] [--json FILE]";
 
 Options parse(int argc, char** argv) {
   Options o;
   cleave::bench::BenchFlags f("engine_bench", kUsage, argc, argv);
   while (f.next()) {
-    if (f.is("--model")) o.model = f.value();
+    if (f.is("--model")) o.models.push_back(f.value());
     else if (f.is("--threads")) o.threads = static_cast<int>(f.integer(0));
     else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(1);
     else if (f.is("--gen-tokens")) o.gen_tokens = f.integer(1);
     else if (f.is("--json")) o.json = f.value();
     else f.unknown();
   }
-  if (o.model.empty()) f.fail("--model is required");
+  if (o.models.empty()) f.fail("--model is required");
   return o;
 }
 
@@ -145,7 +152,7 @@ cleave::Status run(const Options& o, Figures& f) {
              f.read_bytes_per_s / 1e9, f.read_floor_tok_s, f.decode_tok_s / f.read_floor_tok_s);
 
   if (!o.json.empty()) {
-    std::FILE* out = std::fopen(o.json.c_str(), "w");
+    std::FILE* out = std::fopen(o.json.c_str(), o.model == o.models.front() ? "w" : "a");
     if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
     fmt::print(out,
                "{{\"model\": {}, \"kernels\": \"{}\", \"threads\": {}, \"prompt_tokens\": {}, "
@@ -166,12 +173,28 @@ cleave::Status run(const Options& o, Figures& f) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
-  Figures f;
-  const cleave::Status st = run(o, f);
-  if (!st.ok()) {
-    fmt::print(stderr, "engine_bench: {}\n", st.to_string());
-    return 1;
+  Options o = parse(argc, argv);
+  std::vector<Figures> all;
+  for (const std::string& m : o.models) {
+    o.model = m;
+    Figures f;
+    const cleave::Status st = run(o, f);
+    if (!st.ok()) {
+      fmt::print(stderr, "engine_bench: {}\n", st.to_string());
+      return 1;
+    }
+    all.push_back(f);
+    if (o.models.size() > 1) fmt::print("\n");
+  }
+  if (o.models.size() > 1) {
+    fmt::print("{:<44} {:>9} {:>12} {:>12} {:>12} {:>10}\n", "model", "MiB/tok", "decode tok/s",
+               "read floor", "decode/floor", "prefill");
+    for (size_t i = 0; i < all.size(); ++i) {
+      const Figures& f = all[i];
+      fmt::print("{:<44} {:>9.1f} {:>12.1f} {:>12.1f} {:>12.3f} {:>10.1f}\n", o.models[i],
+                 static_cast<double>(f.weight_bytes_per_token) / (1 << 20), f.decode_tok_s,
+                 f.read_floor_tok_s, f.decode_tok_s / f.read_floor_tok_s, f.prefill_tok_s);
+    }
   }
   return 0;
 }

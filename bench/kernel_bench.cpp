@@ -1,7 +1,7 @@
 // Kernel bench: copy bandwidth, then matrix-vector (decode) and matrix-matrix (prefill) rates
 // for each weight dtype on large matrices.
 //
-//   kernel_bench [--threads N] [--rounds R] [--isa avx2|generic]
+//   kernel_bench [--threads N] [--rounds R] [--isa avx512|avx2|generic] [--dtypes f16,q4_k,...]
 //
 // The matrices are replicated so that each pass streams far more than the last-level cache:
 // the decode figures are memory rates, comparable with the copy bandwidth (ratio matvec/copy).
@@ -49,10 +49,25 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   int threads = 0, rounds = 5;
+  std::vector<DType> dtypes;
   cleave::bench::BenchFlags f("kernel_bench",
-                              "usage: kernel_bench [--threads N] [--rounds R] [--isa avx2|generic]",
+                              "usage: kernel_bench [--threads N] [--rounds R] "
+                              "[--isa avx512|avx2|generic] [--dtypes f16,q4_k,...]",
                               argc, argv);
   while (f.next()) {
+    if (f.is("--dtypes")) {
+      const std::string list = f.value();
+      size_t start = 0;
+      while (start <= list.size()) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, comma - start);
+        const auto dt = cleave::parse_dtype(name);
+        if (!dt) f.fail(fmt::format("--dtypes: '{}' is not a dtype", name));
+        dtypes.push_back(*dt);
+        start = comma + 1;
+      }
+      continue;
+    }
     if (f.is("--threads")) {
       threads = static_cast<int>(f.integer(0));
     } else if (f.is("--rounds")) {
@@ -76,9 +91,10 @@ int main(int argc, char** argv) {
   const uint64_t stream_target = uint64_t{256} << 20;  // bytes per pass, >> LLC
   // The last shape fits in L2: its rate is the kernel's compute limit, not memory's.
   const Shape shapes[] = {{4096, 4096}, {2048, 8192}, {8192, 2048}, {128, 1024}};
-  const DType dtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
-  fmt::print("\n{:<6} {:>11} {:>10} {:>12} {:>10}   {:>16}\n", "dtype", "shape", "matvec GB/s",
-             "ratio/copy", "us/matvec", "prefill64 GFLOP/s");
+  if (dtypes.empty())
+    for (int i = 0; i < cleave::kNumDTypes; ++i) dtypes.push_back(static_cast<DType>(i));
+  fmt::print("\n{:<6} {:>11} {:>10} {:>12} {:>12} {:>10}   {:>16}\n", "dtype", "shape",
+             "matvec GB/s", "ratio/copy", "ratio/read", "us/matvec", "prefill64 GFLOP/s");
   for (DType dtype : dtypes) {
     for (Shape s : shapes) {
       const uint64_t bytes = *cleave::dtype_row_bytes(dtype, s.cols) * static_cast<uint64_t>(s.rows);
@@ -112,9 +128,10 @@ int main(int argc, char** argv) {
         best_prefill = std::min(best_prefill, seconds_since(t0));
       }
       const double gflops = 2.0 * s.rows * s.cols * tokens / best_prefill / 1e9;
-      fmt::print("{:<6} {:>5}x{:<5} {:>10.2f} {:>12.3f} {:>10.1f}   {:>16.1f}{}\n",
+      fmt::print("{:<6} {:>5}x{:<5} {:>10.2f} {:>12.3f} {:>12.3f} {:>10.1f}   {:>16.1f}{}\n",
                  cleave::dtype_name(dtype), s.rows, s.cols, gbps / 1e9, gbps / bw.copy_bytes_per_s,
-                 best * 1e6, gflops, in_cache ? "   (in L2: compute limit)" : "");
+                 gbps / bw.read_bytes_per_s, best * 1e6, gflops,
+                 in_cache ? "   (in L2: compute limit)" : "");
     }
   }
   return 0;

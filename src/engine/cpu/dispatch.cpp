@@ -91,7 +91,7 @@ bool set_kernel_isa(std::string_view name) {
   return true;
 }
 
-bool uses_int_path(DType t) { return dtype_is_quantized(t) && t != DType::kQ8_0; }
+bool uses_int_path(DType t) { return dtype_is_quantized(t); }
 
 float dot_row(const TensorView& w, int64_t r, const float* x) {
   const int64_t n = w.cols();
@@ -102,9 +102,11 @@ float dot_row(const TensorView& w, int64_t r, const float* x) {
   if (uses_int_path(w.dtype)) {
     std::vector<int8_t> q(static_cast<size_t>(n));
     std::vector<float> d(static_cast<size_t>(n / kQK));
-    std::vector<int16_t> psum(static_cast<size_t>(n / 2));
-    set.quantize_acts(x, n, 1, n, q.data(), d.data(), psum.data());
-    set.qdot(w.dtype, row, row_bytes, 1, {q.data(), d.data(), psum.data(), n}, 1, &y, 0);
+    std::vector<int16_t> sum16(static_cast<size_t>(n / 16));
+    std::vector<float> sum32(static_cast<size_t>(n / kQK));
+    set.quantize_acts(x, n, 1, n, q.data(), d.data(), sum16.data(), sum32.data());
+    set.qdot(w.dtype, row, row_bytes, 1, {q.data(), d.data(), sum16.data(), sum32.data(), n}, 1,
+             &y, 0);
     return y;
   }
   set.dot_tile[static_cast<size_t>(w.dtype)](row, row_bytes, 1, x, 0, 1, n, &y, 0);

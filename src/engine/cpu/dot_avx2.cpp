@@ -78,45 +78,6 @@ struct BF16Weights : Load32ByHalves<BF16Weights> {
   }
 };
 
-// scale * q is exact in f32 (11-bit by 8-bit significands), so these are the true weights.
-// n is a multiple of 32, so load8/load1 are never needed; chunks never straddle blocks.
-struct Q8_0Weights {
-  static constexpr int64_t kBytesPer32 = sizeof(BlockQ8_0);
-  // One whole block (i is a multiple of 32): the scale is converted once.
-  static inline void load32(const std::byte* row, int64_t i, __m256* w) {
-    const std::byte* blk =
-        row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
-    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
-    for (int k = 0; k < 4; ++k) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * k));
-      w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
-    }
-  }
-  static inline void load16(const std::byte* row, int64_t i, __m256& w0, __m256& w1) {
-    const std::byte* blk =
-        row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
-    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
-    const __m128i q =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + (i % kQ8_0BlockElems)));
-    w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
-    w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), scale);
-  }
-  static inline __m256 load8(const std::byte* row, int64_t i) {
-    const std::byte* blk =
-        row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
-    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
-    const __m128i q =
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + (i % kQ8_0BlockElems)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
-  }
-  static inline float load1(const std::byte* row, int64_t i) {
-    const std::byte* blk =
-        row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
-    const float scale = _cvtsh_ss(load_u16(blk));
-    return scale * static_cast<float>(static_cast<int8_t>(blk[2 + i % kQ8_0BlockElems]));
-  }
-};
-
 // Weights are streamed from memory once per decode step. The dequantising loads keep the core's
 // out-of-order window busy, so too few cache misses stay in flight for the bandwidth; explicit
 // prefetches this far ahead of each row (measured: 1 KiB) keep the memory system saturated.
@@ -223,7 +184,7 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 const KernelSet& avx2_kernels() {
   static const KernelSet set{"avx2",
                              {&dot_tile<F32Weights>, &dot_tile<F16Weights>,
-                              &dot_tile<BF16Weights>, &dot_tile<Q8_0Weights>},
+                              &dot_tile<BF16Weights>},
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
                              nullptr,

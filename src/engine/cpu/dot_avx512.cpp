@@ -86,34 +86,6 @@ struct BF16Weights {
   }
 };
 
-// scale * q is exact in f32, the same products as the AVX2 set. n is a multiple of 32, so the
-// 8-element and scalar tails never occur; 16-element chunks never straddle blocks.
-struct Q8_0Weights {
-  static constexpr int64_t kBytesPer16 = sizeof(BlockQ8_0) / 2;
-  static inline const std::byte* block(const std::byte* row, int64_t i) {
-    return row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
-  }
-  static inline __m512 load16(const std::byte* row, int64_t i) {
-    const std::byte* blk = block(row, i);
-    const __m512 scale = _mm512_set1_ps(_cvtsh_ss(load_u16(blk)));
-    const __m128i q =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + (i % kQ8_0BlockElems)));
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), scale);
-  }
-  static inline __m256 load8(const std::byte* row, int64_t i) {
-    const std::byte* blk = block(row, i);
-    const __m256 scale = _mm256_set1_ps(_cvtsh_ss(load_u16(blk)));
-    const __m128i q =
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + (i % kQ8_0BlockElems)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), scale);
-  }
-  static inline float load1(const std::byte* row, int64_t i) {
-    const std::byte* blk = block(row, i);
-    const float scale = _cvtsh_ss(load_u16(blk));
-    return scale * static_cast<float>(static_cast<int8_t>(blk[2 + i % kQ8_0BlockElems]));
-  }
-};
-
 // Decode streams each weight row once; prefetching this far ahead keeps enough misses in flight.
 constexpr int64_t kPrefetchBytes = 1024;
 
@@ -345,10 +317,8 @@ void axpy(float* y, float a, const float* x, int64_t n) {
 const KernelSet& avx512_kernels() {
   static const KernelSet set{
       "avx512",
-      {&dot_tile<F32Weights>, &dot_tile<F16Weights>, &dot_tile<BF16Weights>,
-       &dot_tile<Q8_0Weights>},
-      {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>,
-       &matmul_block<Q8_0Weights>},
+      {&dot_tile<F32Weights>, &dot_tile<F16Weights>, &dot_tile<BF16Weights>},
+      {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>},
       &dot_f32,
       &axpy,
       &quantize_acts_avx2,

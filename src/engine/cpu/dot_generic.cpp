@@ -28,19 +28,6 @@ struct BF16Weights {
   }
 };
 
-// Chunks never straddle a block: n is a multiple of 32 and chunks are 16 or 8 elements.
-struct Q8_0Weights {
-  static void load(const std::byte* row, int64_t i, int count, float* out) {
-    const std::byte* blk = row + (i / kQ8_0BlockElems) * static_cast<int64_t>(sizeof(BlockQ8_0));
-    uint16_t scale_bits;
-    std::memcpy(&scale_bits, blk, 2);
-    const float scale = f16_to_f32(scale_bits);
-    int8_t q[16];
-    std::memcpy(q, blk + 2 + (i % kQ8_0BlockElems), static_cast<size_t>(count));
-    for (int j = 0; j < count; ++j) out[j] = scale * static_cast<float>(q[j]);
-  }
-};
-
 template <typename W>
 float dot_one(const std::byte* row, const float* x, int64_t n) {
   float acc[16] = {};
@@ -81,7 +68,7 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 const KernelSet& generic_kernels() {
   static const KernelSet set{"generic",
                              {&dot_tile<F32Weights>, &dot_tile<F16Weights>,
-                              &dot_tile<BF16Weights>, &dot_tile<Q8_0Weights>},
+                              &dot_tile<BF16Weights>},
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
                              nullptr,

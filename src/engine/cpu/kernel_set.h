@@ -6,9 +6,8 @@
 //   then, when 8 or more elements remain, one more chunk of 8 into a0;
 //   then a fixed horizontal sum of (a0 + a1) (8 -> 4 -> 2 -> 1 lanes);
 //   then each remaining element (< 8) added in order.
-// Q8_0 weights are first turned into exact f32 values (scale * q is exact in f32), so the order
-// above holds for f32, f16, bf16 and q8_0 alike. A tile of several rows and tokens keeps this order for
-// each (row, token) pair: tiling only interleaves independent accumulators, which is why results
+// This is the f32 path (f32, f16, bf16 weights). A tile of several rows and tokens keeps this
+// order for each (row, token) pair: tiling only interleaves independent accumulators, which is why results
 // are bit-identical whatever the tile shape, the thread count or the batch size.
 // The AVX-512 set keeps a0 and a1 as the low and high halves of one 16-lane accumulator (the
 // same lanes, the same fused multiply-adds) and so gives the AVX2 set's bits. Its multi-token
@@ -45,41 +44,42 @@ using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
 // result equals the portable loop's.
 using AxpyFn = void (*)(float* y, float a, const float* x, int64_t n);
 
-// The integer path (every block format but Q8_0, see quants_path() in cpu_kernels.h). The
+// The integer path (every block format, see uses_int_path() in cpu_kernels.h). The
 // activation row of each token is first quantised, per 32-element block b, to
 //   dx[b] = amax / 127 (f32),  xq[i] = nearbyint(x[i] * (1 / dx[b]))  (round half to even),
 // and each weight block is seen as value[i] = d * sc[i/16] * q[i] + m * mn[i/16] (IntBlock in
-// quants.h). Then, per (row, token), with two 8-lane f32 accumulators as and am, for each block b
-// in increasing order and each lane j < 8:
-//   s_j = sc[j/4] * sum_{k<4} q[4j+k] * xq[4j+k]          (exact, int32)
-//   as_j = fma(d * dx[b], float(s_j), as_j)                (d * dx[b] one rounded f32 product)
-//   and for formats with a min (m != 0 possible):
-//   t_j = mn[j/4] * sum_{k<4} xq[4j+k];   am_j = fma(m * dx[b], float(t_j), am_j)
-// then the fixed horizontal sum of (as + am) above. Every quantity before the float steps is an
-// exact integer below 2^24, so every kernel set gives the same bits, whatever the tile.
+// quants.h). Then, per (row, token), with an 8-lane f32 accumulator `as` and a scalar `am`, for
+// each block b in increasing order:
+//   S_j = sum_{k<4} q[4j+k] * xq[4j+k]  for lanes j < 8                  (exact, int32)
+//   formats with 16-element sub-scales (Q2_K, Q3_K, Q6_K, sub16_scales()):
+//       S_j = sc[j/4] * S_j,  D = d * dx[b]
+//   the others (one scale per 32 elements; sc = 1 for the legacy formats):
+//       D = (d * sc) * dx[b]                                               (f32, rounded twice)
+//   as_j = fma(D, float(S_j), as_j)
+//   formats with a min: am = fma(m * dx[b], float(mn[0] * X0 + mn[1] * X1), am), where X0 and X1
+//   are the sums of xq over the block's two halves (exact integers).
+// The result is the fixed horizontal sum of `as` above (8 -> 4 -> 2 -> 1 lanes), plus am. Every
+// quantity before the float steps is an exact integer below 2^24, so every kernel set gives the
+// same bits, whatever the tile.
 struct QuantActs {
-  const int8_t* q;     // [n_tokens][n] levels
-  const float* d;      // [n_tokens][n / 32] block scales
-  const int16_t* psum; // [n_tokens][n / 2] sums of adjacent levels: q[2i] + q[2i + 1]
-  int64_t n;           // elements per token
+  const int8_t* q;      // [n_tokens][n] levels
+  const float* d;       // [n_tokens][n / 32] block scales
+  const int16_t* sum16; // [n_tokens][n / 16] sums of each 16 consecutive levels
+  const float* sum32;   // [n_tokens][n / 32] float(sum of the block's 32 levels), exact
+  int64_t n;            // elements per token
 };
+// Whether block format t has a scale per 16 elements (applied to the integer lane sums).
+inline bool sub16_scales(DType t) {
+  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ6_K;
+}
 // Quantises n_tokens rows of n elements (n a multiple of 32; row t at x + t * x_stride) into
-// q, d and psum laid out as QuantActs describes.
+// q, d, sum16 and sum32 laid out as QuantActs describes.
 using QuantizeActsFn = void (*)(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                                int8_t* q, float* d, int16_t* psum);
+                                int8_t* q, float* d, int16_t* sum16, float* sum32);
 // y[t * y_stride + r] = the integer-path dot of row r with token t, r < nr, t < nt (any sizes);
 // x points at token 0's activations.
 using QDotFn = void (*)(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                         const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
-void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                        int8_t* q, float* d, int16_t* psum);
-void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
-               const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
-void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
-                      const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
-// Whether this CPU (and OS) runs the AVX-512 VNNI kernels (AVX512-VNNI, -VL and -BW on top of
-// cpu_has_avx512_kernels()).
-bool cpu_has_avx512_vnni();
 
 struct KernelSet {
   const char* name;
@@ -97,9 +97,18 @@ struct KernelSet {
 // AVX-512 VNNI (qdot_avx512.cpp, vpdpbusd on 256-bit vectors). The AVX-512 set uses the VNNI
 // kernels where the CPU has AVX512-VNNI/VL/BW and the AVX2 ones elsewhere; all give the same bits.
 void quantize_acts_generic(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                           int8_t* q, float* d, int16_t* psum);
+                           int8_t* q, float* d, int16_t* sum16, float* sum32);
 void qdot_generic(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                   const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
+void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
+                        int8_t* q, float* d, int16_t* sum16, float* sum32);
+void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+               const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
+void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
+                      const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
+// Whether this CPU (and OS) runs the AVX-512 VNNI kernels (AVX512-VNNI, -VL and -BW on top of
+// cpu_has_avx512_kernels()).
+bool cpu_has_avx512_vnni();
 
 const KernelSet& generic_kernels();
 // Only valid to call when the CPU has AVX2, FMA and F16C.

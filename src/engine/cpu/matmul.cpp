@@ -24,7 +24,8 @@ constexpr uint64_t kRowBlockBytes = 32 * 1024;
 struct ActScratch {
   std::vector<int8_t> q;
   std::vector<float> d;
-  std::vector<int16_t> psum;
+  std::vector<int16_t> sum16;
+  std::vector<float> sum32;
 };
 
 detail::QuantActs quantize_acts(const detail::KernelSet& set, const float* x, int64_t in_stride,
@@ -34,10 +35,12 @@ detail::QuantActs quantize_acts(const detail::KernelSet& set, const float* x, in
   if (s.q.size() < total) {
     s.q.resize(total);
     s.d.resize(total / kQK);
-    s.psum.resize(total / 2);
+    s.sum16.resize(total / 16);
+    s.sum32.resize(total / kQK);
   }
-  set.quantize_acts(x, in_stride, n_tokens, n, s.q.data(), s.d.data(), s.psum.data());
-  return {s.q.data(), s.d.data(), s.psum.data(), n};
+  set.quantize_acts(x, in_stride, n_tokens, n, s.q.data(), s.d.data(), s.sum16.data(),
+                    s.sum32.data());
+  return {s.q.data(), s.d.data(), s.sum16.data(), s.sum32.data(), n};
 }
 
 void matmul_int(ThreadPool& pool, const detail::KernelSet& set, const TensorView& w,

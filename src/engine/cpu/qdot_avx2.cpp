@@ -1,8 +1,8 @@
 // AVX2 integer path (kernel_set.h): each 32-element weight block is unpacked to 32 int8 levels
 // in one register, multiplied with the token's int8 activations by maddubs (u8 x s8 pairs, no
-// saturation: |q| <= 128 and |xq| <= 127) and madd (pairs of pairs times the int16 sub-scale),
-// which gives exactly the int32 lane sums s_j of the reference; the f32 steps are the
-// reference's, lane by lane. Compiled with -mavx2 -mfma -mf16c (src/engine/CMakeLists.txt); runs
+// saturation: |q| <= 128 and |xq| <= 127) and madd (pairs of pairs, times the int16 sub-scale
+// for the formats that have one per 16 elements), which gives exactly the int32 lane sums S_j of
+// the reference; the f32 steps are the reference's, lane by lane. Compiled with -mavx2 -mfma -mf16c (src/engine/CMakeLists.txt); runs
 // only when cpu_has_avx2_kernels() is true.
 #include "kernel_set.h"
 
@@ -17,23 +17,20 @@
 namespace cleave::cpu::detail {
 namespace {
 
-// maddubs + madd: int32 lane j = sum over k < 4 of a[4j+k] * b[4j+k] (times the sub-scale of
-// its half). `a` is the unsigned operand.
+// maddubs + madd: int32 lane j = sum over k < 4 of a[4j+k] * b[4j+k]. `a` is the unsigned
+// operand.
 struct Avx2Dot {
-  static inline __m256i scales(int a, int b) { return simd::sub_scales(a, b); }
+  static constexpr int kRows = 2, kTokens = 3;  // 6 accumulators of 16 ymm registers
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a_u8, b_s8), _mm256_set1_epi16(1));
-  }
-  static inline __m256i dot_scaled(__m256i a_u8, __m256i b_s8, __m256i sc16) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(a_u8, b_s8), sc16);
   }
 };
 
 }  // namespace
 
 void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                        int8_t* q, float* d, int16_t* psum) {
-  simd::quantize_acts(x, x_stride, n_tokens, n, q, d, psum);
+                        int8_t* q, float* d, int16_t* sum16, float* sum32) {
+  simd::quantize_acts(x, x_stride, n_tokens, n, q, d, sum16, sum32);
 }
 
 void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,

@@ -1,8 +1,8 @@
 // AVX-512 VNNI integer path (kernel_set.h): vpdpbusd on 256-bit vectors sums the four u8 x s8
 // products of each int32 lane in one instruction, the lane sums maddubs + madd give in the AVX2
-// set (no saturation in either), and a lane-wise 32-bit multiply applies the sub-scales, which
-// madd applies in the AVX2 set: the same exact integers, then the same f32 steps, so this set's
-// results equal the AVX2 set's bit for bit. Compiled for AVX-512 VNNI through a target pragma;
+// set (no saturation in either). The formats with a sub-scale per 16 elements keep the AVX2
+// set's maddubs + madd, which applies the sub-scale for free. The same exact integers, then the
+// same f32 steps, so this set's results equal the AVX2 set's bit for bit. Compiled for AVX-512 VNNI through a target pragma;
 // runs only when cpu_has_avx512_vnni() is true.
 #include "kernel_set.h"
 
@@ -28,15 +28,9 @@ namespace cleave::cpu::detail {
 namespace {
 
 struct VnniDot {
-  // int32 lanes 0-3 = a, 4-7 = b.
-  static inline __m256i scales(int a, int b) {
-    return _mm256_setr_m128i(_mm_set1_epi32(a), _mm_set1_epi32(b));
-  }
+  static constexpr int kRows = 4, kTokens = 4;  // 16 accumulators of 32 ymm registers
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);
-  }
-  static inline __m256i dot_scaled(__m256i a_u8, __m256i b_s8, __m256i sc32) {
-    return _mm256_mullo_epi32(dot(a_u8, b_s8), sc32);
   }
 };
 

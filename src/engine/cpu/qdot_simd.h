@@ -5,7 +5,8 @@
 //
 // Per format, a traits struct describes a "unit" of blocks that share their scale storage (one
 // 32-element block for the legacy formats, a 256-element super-block of eight for the K-quants):
-//   scales(unit, Scales&)  the float multipliers and integer sub-scales of each block of the unit
+//   scales(unit, Scales&)  each block's multipliers: dsc = d * sc (d for kSub16 formats, whose
+//                          16 int16 sub-scales go to sc16 in element order), m and mn
 //   levels(unit, jb)       the 32 int8 levels of block jb, in element order
 #pragma once
 
@@ -50,29 +51,30 @@ inline __m256i nibbles32(const std::byte* qs) {
 }
 
 struct Scales {
-  float d[8];
+  float dsc[8];
   float m[8];
-  int16_t sc[8][2];
-  int16_t mn[8][2];
+  int mn[8][2];   // kSub16 formats with a min (Q2_K)
+  float mnf[8];   // the others: float(mn), the same for both halves
+  __m256i sc16;  // kSub16 formats: sub-scale i (of elements [16 i, 16 i + 16)) in int16 lane i
 };
 
 // --- legacy formats: one block a unit, no sub-scales -------------------------------------------
 
 struct Q4_0 {
   static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_0);
-  static constexpr bool kSigned = true, kMin = false, kSubScales = false;
-  static inline void scales(const std::byte* u, Scales& s) { s.d[0] = f16(u); }
+  static constexpr bool kSigned = true, kMin = false, kSub16 = false;
+  static inline void scales(const std::byte* u, Scales& s) { s.dsc[0] = f16(u); }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_sub_epi8(nibbles32(u + 2), mask8(8));
   }
 };
 struct Q4_1 {
   static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_1);
-  static constexpr bool kSigned = false, kMin = true, kSubScales = false;
+  static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s) {
-    s.d[0] = f16(u);
+    s.dsc[0] = f16(u);
     s.m[0] = f16(u + 2);
-    s.mn[0][0] = s.mn[0][1] = 1;
+    s.mnf[0] = 1.0f;
   }
   static inline __m256i levels(const std::byte* u, int) { return nibbles32(u + 4); }
 };
@@ -83,19 +85,19 @@ inline __m256i fifth_bits(const std::byte* qh) {
 }
 struct Q5_0 {
   static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_0);
-  static constexpr bool kSigned = true, kMin = false, kSubScales = false;
-  static inline void scales(const std::byte* u, Scales& s) { s.d[0] = f16(u); }
+  static constexpr bool kSigned = true, kMin = false, kSub16 = false;
+  static inline void scales(const std::byte* u, Scales& s) { s.dsc[0] = f16(u); }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_sub_epi8(_mm256_or_si256(nibbles32(u + 6), fifth_bits(u + 2)), mask8(16));
   }
 };
 struct Q5_1 {
   static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_1);
-  static constexpr bool kSigned = false, kMin = true, kSubScales = false;
+  static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s) {
-    s.d[0] = f16(u);
+    s.dsc[0] = f16(u);
     s.m[0] = f16(u + 2);
-    s.mn[0][0] = s.mn[0][1] = 1;
+    s.mnf[0] = 1.0f;
   }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_or_si256(nibbles32(u + 8), fifth_bits(u + 4));
@@ -103,8 +105,8 @@ struct Q5_1 {
 };
 struct Q8_0 {
   static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ8_0);
-  static constexpr bool kSigned = true, kMin = false, kSubScales = false;
-  static inline void scales(const std::byte* u, Scales& s) { s.d[0] = f16(u); }
+  static constexpr bool kSigned = true, kMin = false, kSub16 = false;
+  static inline void scales(const std::byte* u, Scales& s) { s.dsc[0] = f16(u); }
   static inline __m256i levels(const std::byte* u, int) { return load256(u + 2); }
 };
 
@@ -112,18 +114,17 @@ struct Q8_0 {
 
 struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ2_K);
-  static constexpr bool kSigned = false, kMin = true, kSubScales = true;
+  static constexpr bool kSigned = false, kMin = true, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s) {
     const float d = f16(u + 80), dmin = -f16(u + 82);
     for (int jb = 0; jb < 8; ++jb) {
-      s.d[jb] = d;
+      s.dsc[jb] = d;
       s.m[jb] = dmin;
-      for (int h = 0; h < 2; ++h) {
-        const auto v = static_cast<uint8_t>(u[2 * jb + h]);
-        s.sc[jb][h] = static_cast<int16_t>(v & 0x0F);
-        s.mn[jb][h] = static_cast<int16_t>(v >> 4);
-      }
+      for (int h = 0; h < 2; ++h) s.mn[jb][h] = static_cast<uint8_t>(u[2 * jb + h]) >> 4;
     }
+    s.sc16 = _mm256_and_si256(
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))),
+        _mm256_set1_epi16(0x0F));
   }
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 4)), 2 * (jb % 4)), mask8(3));
@@ -131,19 +132,18 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
 };
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ3_K);
-  static constexpr bool kSigned = true, kMin = false, kSubScales = true;
+  static constexpr bool kSigned = true, kMin = false, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s) {
     const auto* sc = reinterpret_cast<const uint8_t*>(u + 96);
     const float d = f16(u + 108);
-    for (int jb = 0; jb < 8; ++jb) {
-      s.d[jb] = d;
-      for (int h = 0; h < 2; ++h) {
-        const int j = 2 * jb + h;
-        const int low = j < 8 ? sc[j] & 0x0F : sc[j - 8] >> 4;
-        const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-        s.sc[jb][h] = static_cast<int16_t>((low | (high << 4)) - 32);
-      }
+    alignas(32) int16_t v[16];
+    for (int j = 0; j < 16; ++j) {
+      const int low = j < 8 ? sc[j] & 0x0F : sc[j - 8] >> 4;
+      const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+      v[j] = static_cast<int16_t>((low | (high << 4)) - 32);
     }
+    for (int jb = 0; jb < 8; ++jb) s.dsc[jb] = d;
+    s.sc16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
   }
   static inline __m256i levels(const std::byte* u, int jb) {
     const __m256i low =
@@ -165,15 +165,14 @@ inline void scales_k4(const std::byte* u, Scales& s) {
       sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
       m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
-    s.d[j] = d;
+    s.dsc[j] = d * static_cast<float>(sc);
     s.m[j] = dmin;
-    s.sc[j][0] = s.sc[j][1] = static_cast<int16_t>(sc);
-    s.mn[j][0] = s.mn[j][1] = static_cast<int16_t>(m);
+    s.mnf[j] = static_cast<float>(m);
   }
 }
 struct Q4_K {  // qs[128] @16
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K);
-  static constexpr bool kSigned = false, kMin = true, kSubScales = true;
+  static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s) { scales_k4(u, s); }
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 2)), 4 * (jb % 2)), mask8(0x0F));
@@ -181,7 +180,7 @@ struct Q4_K {  // qs[128] @16
 };
 struct Q5_K {  // qh[32] @16, qs[128] @48
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K);
-  static constexpr bool kSigned = false, kMin = true, kSubScales = true;
+  static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s) { scales_k4(u, s); }
   static inline __m256i levels(const std::byte* u, int jb) {
     const __m256i low =
@@ -192,15 +191,12 @@ struct Q5_K {  // qh[32] @16, qs[128] @48
 };
 struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ6_K);
-  static constexpr bool kSigned = true, kMin = false, kSubScales = true;
+  static constexpr bool kSigned = true, kMin = false, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s) {
-    const auto* sc = reinterpret_cast<const int8_t*>(u + 192);
     const float d = f16(u + 208);
-    for (int jb = 0; jb < 8; ++jb) {
-      const int half = jb / 4, k = jb % 4;
-      s.d[jb] = d;
-      for (int h = 0; h < 2; ++h) s.sc[jb][h] = sc[8 * half + 2 * k + h];
-    }
+    for (int jb = 0; jb < 8; ++jb) s.dsc[jb] = d;
+    // Block jb = 4 half + k uses scales 8 half + 2 k + {0, 1} = 2 jb + {0, 1}: element order.
+    s.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
   }
   static inline __m256i levels(const std::byte* u, int jb) {
     const int half = jb / 4, k = jb % 4;
@@ -212,19 +208,27 @@ struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
   }
 };
 
-// The fixed horizontal sum of (a + b): 8 -> 4 -> 2 -> 1 lanes.
-inline float hsum(__m256 a, __m256 b) {
-  const __m256 v = _mm256_add_ps(a, b);
+// The fixed horizontal sum: 8 -> 4 -> 2 -> 1 lanes.
+inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
   return _mm_cvtss_f32(s);
 }
 
-// int16 lanes 0-7 = a, 8-15 = b: the multipliers of madd for the first and second 16 elements.
-inline __m256i sub_scales(int a, int b) {
-  return _mm256_setr_m128i(_mm_set1_epi16(static_cast<int16_t>(a)),
-                           _mm_set1_epi16(static_cast<int16_t>(b)));
+// fma(a, float(i), c), converting i in a vector register (a scalar cvtsi2ss would merge into, and
+// wait for, an unrelated register).
+inline float fma_int(float a, int i, float c) {
+  const __m128 f = _mm_cvtepi32_ps(_mm_cvtsi32_si128(i));
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), f, _mm_set_ss(c)));
+}
+
+// The int16 multipliers of madd for block jb of a kSub16 unit: lanes 0-7 = sub-scale 2 jb,
+// lanes 8-15 = sub-scale 2 jb + 1 (dword jb of sc16 holds the pair).
+inline __m256i block_sub_scales(__m256i sc16, int jb) {
+  const __m256i pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(jb));
+  return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
 }
 
 // Weight blocks are streamed from memory once per decode step; prefetch this far ahead of each
@@ -236,9 +240,13 @@ template <class Dot, class W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                  float* y, int64_t y_stride) {
   const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
-  __m256 as[R][T], am[R][T];
+  __m256 as[R][T];
+  float am[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) as[r][t] = am[r][t] = _mm256_setzero_ps();
+    for (int t = 0; t < T; ++t) {
+      as[r][t] = _mm256_setzero_ps();
+      am[r][t] = 0.0f;
+    }
   for (int64_t u = 0; u < nu; ++u) {
     Scales sc[R];
     for (int r = 0; r < R; ++r) {
@@ -250,37 +258,52 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
         _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 128, _MM_HINT_T0);
       W::scales(unit, sc[r]);
     }
+    // Unrolled: the shifts and offsets of each block of a super-block become constants.
+#pragma GCC unroll 8
     for (int jb = 0; jb < W::kBlocks; ++jb) {
       const int64_t b = u * W::kBlocks + jb;
+      __m256i xv[T];
+      float dx[T], xsum[T];
+      for (int t = 0; t < T; ++t) {
+        xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
+        dx[t] = x.d[(t0 + t) * nb + b];
+        xsum[t] = x.sum32[(t0 + t) * nb + b];
+      }
       for (int r = 0; r < R; ++r) {
         const __m256i qv = W::levels(w + r * row_bytes + u * W::kBytes, jb);
         const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
-        __m256i scv = _mm256_setzero_si256();
-        if constexpr (W::kSubScales) scv = Dot::scales(sc[r].sc[jb][0], sc[r].sc[jb][1]);
-        __m256i mnv = _mm256_setzero_si256();
-        if constexpr (W::kMin) mnv = sub_scales(sc[r].mn[jb][0], sc[r].mn[jb][1]);
+        __m256i sc16 = _mm256_setzero_si256();
+        if constexpr (W::kSub16) sc16 = block_sub_scales(sc[r].sc16, jb);
         for (int t = 0; t < T; ++t) {
-          const int64_t tok = t0 + t;
-          const __m256i xv = load256(x.q + tok * x.n + b * kQK);
-          const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv, qv) : xv;
-          const __m256i s = W::kSubScales ? Dot::dot_scaled(au, bv, scv) : Dot::dot(au, bv);
-          const float dx = x.d[tok * nb + b];
-          as[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].d[jb] * dx), _mm256_cvtepi32_ps(s),
+          const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv[t], qv) : xv[t];
+          __m256i s;
+          if constexpr (W::kSub16) {
+            s = _mm256_madd_epi16(_mm256_maddubs_epi16(au, bv), sc16);
+          } else {
+            s = Dot::dot(au, bv);
+          }
+          as[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].dsc[jb] * dx[t]), _mm256_cvtepi32_ps(s),
                                      as[r][t]);
-          if constexpr (W::kMin) {
-            const __m256i ps = load256(x.psum + tok * (x.n / 2) + b * (kQK / 2));
-            const __m256i tv = _mm256_madd_epi16(ps, mnv);
-            am[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].m[jb] * dx), _mm256_cvtepi32_ps(tv),
-                                       am[r][t]);
+          if constexpr (W::kMin && W::kSub16) {
+            const int16_t* xs = x.sum16 + (t0 + t) * (x.n / 16) + 2 * b;
+            const int u32 = sc[r].mn[jb][0] * xs[0] + sc[r].mn[jb][1] * xs[1];
+            am[r][t] = fma_int(sc[r].m[jb] * dx[t], u32, am[r][t]);
+          } else if constexpr (W::kMin) {
+            // mn * X as f32: both are integers below 2^24, so the product is exact and equals
+            // float(mn0 * X0 + mn1 * X1) of the reference (mn0 = mn1 here).
+            am[r][t] = __builtin_fmaf(sc[r].m[jb] * dx[t], sc[r].mnf[jb] * xsum[t], am[r][t]);
           }
         }
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum(as[r][t], am[r][t]);
+    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum(as[r][t]) + am[r][t];
 }
 
+// Decode (one token) streams rows four at a time. Several tokens: tiles of Dot::kRows rows x
+// Dot::kTokens tokens (as many accumulators as the register file holds), each weight block
+// unpacked once per tile; leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
@@ -290,26 +313,19 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
     for (; r < nr; ++r) tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
     return;
   }
-  for (int64_t r = 0; r < nr; r += 2) {
+  constexpr int R = Dot::kRows, T = Dot::kTokens;
+  int64_t r = 0;
+  for (; r + R <= nr; r += R) {
     const std::byte* wr = w + r * row_bytes;
-    const bool pair = r + 1 < nr;
     int64_t t = 0;
-    for (; t + 3 <= nt; t += 3) {
-      float* yt = y + t * y_stride + r;
-      if (pair) {
-        tile<Dot, W, 2, 3>(wr, row_bytes, x, t, yt, y_stride);
-      } else {
-        tile<Dot, W, 1, 3>(wr, row_bytes, x, t, yt, y_stride);
-      }
-    }
-    for (; t < nt; ++t) {
-      float* yt = y + t * y_stride + r;
-      if (pair) {
-        tile<Dot, W, 2, 1>(wr, row_bytes, x, t, yt, y_stride);
-      } else {
-        tile<Dot, W, 1, 1>(wr, row_bytes, x, t, yt, y_stride);
-      }
-    }
+    for (; t + T <= nt; t += T) tile<Dot, W, R, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+  }
+  for (; r < nr; ++r) {
+    const std::byte* wr = w + r * row_bytes;
+    int64_t t = 0;
+    for (; t + T <= nt; t += T) tile<Dot, W, 1, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    for (; t < nt; ++t) tile<Dot, W, 1, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
   }
 }
 
@@ -335,7 +351,7 @@ void qdot(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr, const Qua
 // lanes at a time. max is exact whatever the order; _mm256_cvtps_epi32 rounds half to even in
 // the default rounding mode, as nearbyint does.
 inline void quantize_acts(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                          int8_t* q, float* d, int16_t* psum) {
+                          int8_t* q, float* d, int16_t* sum16, float* sum32) {
   const int64_t nb = n / kQK;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -364,8 +380,18 @@ inline void quantize_acts(const float* x, int64_t x_stride, int64_t n_tokens, in
       __m256i p = _mm256_packs_epi16(p01, p23);
       p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + t * n + b * kQK), p);
-      const __m256i ps = _mm256_maddubs_epi16(mask8(1), p);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(psum + t * (n / 2) + b * (kQK / 2)), ps);
+      // Sums of each 16 levels: pairs (maddubs), then pairs of pairs (madd), then the two
+      // 128-bit halves of eight 32-bit partial sums each.
+      const __m256i p4 = _mm256_madd_epi16(_mm256_maddubs_epi16(mask8(1), p), _mm256_set1_epi16(1));
+      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p4), _mm_srli_si128(_mm256_castsi256_si128(p4), 8));
+      __m128i g = _mm_add_epi32(_mm256_extracti128_si256(p4, 1),
+                                _mm_srli_si128(_mm256_extracti128_si256(p4, 1), 8));
+      h = _mm_add_epi32(h, _mm_srli_si128(h, 4));
+      g = _mm_add_epi32(g, _mm_srli_si128(g, 4));
+      const int s0 = _mm_cvtsi128_si32(h), s1 = _mm_cvtsi128_si32(g);
+      sum16[t * (n / 16) + 2 * b] = static_cast<int16_t>(s0);
+      sum16[t * (n / 16) + 2 * b + 1] = static_cast<int16_t>(s1);
+      sum32[t * nb + b] = static_cast<float>(s0 + s1);
     }
   }
 }

@@ -141,6 +141,9 @@ struct WorkerSupervisor::Impl {
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       sigaction(SIGPIPE, &dfl, nullptr);
+      // stop() sends SIGINT, which a shell may have set to be ignored (a background job).
+      sigaction(SIGINT, &dfl, nullptr);
+      sigaction(SIGTERM, &dfl, nullptr);
       ::setpgid(0, 0);
       if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) ::_exit(127);
       if (::getppid() != parent) ::_exit(127);  // the supervisor died before prctl
@@ -329,7 +332,8 @@ struct WorkerSupervisor::Impl {
 
   void stop_children() {
     for (Child& c : children) {
-      if (c.pid > 0) ::kill(c.pid, SIGTERM);
+      // SIGINT: shut down now (SIGTERM would drain, and the router has already stopped).
+      if (c.pid > 0) ::kill(c.pid, SIGINT);
     }
     const Clock::time_point kill_at = Clock::now() + options.stop_grace;
     for (;;) {
@@ -355,7 +359,7 @@ struct WorkerSupervisor::Impl {
       if (Clock::now() >= kill_at) {
         for (Child& c : children) {
           if (c.pid <= 0) continue;
-          log::warn("serve: worker {} (pid {}) still running {} ms after SIGTERM; SIGKILL",
+          log::warn("serve: worker {} (pid {}) still running {} ms after SIGINT; SIGKILL",
                     c.spec.id, c.pid, options.stop_grace.count());
           ::kill(c.pid, SIGKILL);
           int status = 0;

@@ -36,6 +36,12 @@ bool WorkerCore::take_aborted(RequestId id) {
   return aborted_.erase(id) > 0;
 }
 
+grpc::Status WorkerCore::refuse_if_draining(std::string_view rpc) const {
+  if (!draining.load(std::memory_order_acquire)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      fmt::format("worker '{}' is draining (shutting down): {} refused", id, rpc));
+}
+
 grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                       fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",

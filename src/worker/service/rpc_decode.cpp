@@ -10,6 +10,7 @@ namespace cleave::worker_service {
 grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest* req,
                                  v1::KvDestination* out) {
   if (core_.role != WorkerRole::kDecode) return done("Reserve", wrong_role(core_, "Reserve", "decode"));
+  if (grpc::Status d = core_.refuse_if_draining("Reserve"); !d.ok()) return done("Reserve", d);
   if (req->lease_ms() < 0) {
     return done("Reserve", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                         fmt::format("lease_ms {} is negative", req->lease_ms())));

@@ -43,6 +43,8 @@ std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) 
 grpc::Status WorkerRpcs::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                                  v1::PrefillResponse* out) {
   if (core_.role != WorkerRole::kPrefill) return done("Prefill", wrong_role(core_, "Prefill", "prefill"));
+  CallInFlight counted(core_);
+  if (grpc::Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return done("Prefill", d);
   return done("Prefill", prefill(ctx, *req, out));
 }
 

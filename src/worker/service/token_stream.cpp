@@ -18,9 +18,10 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
  public:
   enum class Kind : uint8_t { kGenerate, kDecode };
 
-  TokenStreamCall(TokenStreamPump& pump, grpc::CallbackServerContext* ctx, Kind kind,
-                  RequestId id)
-      : pump_(pump), core_(pump.core()), ctx_(ctx), kind_(kind), id_(id), start_(Clock::now()) {}
+  TokenStreamCall(TokenStreamPump& pump, grpc::CallbackServerContext* ctx, Kind kind, RequestId id)
+      : pump_(pump), core_(pump.core()), ctx_(ctx), kind_(kind), id_(id), start_(Clock::now()) {
+    core_.calls_in_flight.fetch_add(1);
+  }
 
   const char* rpc() const { return kind_ == Kind::kGenerate ? "Generate" : "Decode"; }
 
@@ -193,6 +194,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     }
     if (final_status.ok()) core_.metrics.e2e_request_seconds->observe(seconds_since(start_));
     (void)count_rpc(core_, rpc(), final_status);
+    core_.calls_in_flight.fetch_sub(1);
     // `keep` goes last: the engine's callback or the pump may still hold the call too.
   }
 
@@ -405,6 +407,10 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
   WorkerCore& core = pump.core();
   if (core.role != WorkerRole::kUnified) {
     call->finish_now(wrong_role(core, "Generate", "unified"));
+    return call.get();
+  }
+  if (grpc::Status d = core.refuse_if_draining("Generate"); !d.ok()) {
+    call->finish_now(std::move(d));
     return call.get();
   }
   EngineRequest r;

@@ -50,6 +50,14 @@ struct WorkerCore {
   ReservationTable reservations;
   WorkerMetrics metrics;
   std::atomic<bool> stopping{false};
+  // Draining (SIGTERM): Reserve, Prefill and Generate answer UNAVAILABLE; a Decode of a
+  // reservation made before still runs.
+  std::atomic<bool> draining{false};
+  // Prefill, Decode and Generate calls not yet ended.
+  std::atomic<int64_t> calls_in_flight{0};
+
+  // UNAVAILABLE naming the worker when it is draining, else OK.
+  grpc::Status refuse_if_draining(std::string_view rpc) const;
 
   // Prefill: peer ids by transfer address. An entry is dropped after a failed transfer so that
   // the next request connects again (clearing the engine's "unreachable" mark).
@@ -70,6 +78,18 @@ struct WorkerCore {
 };
 
 class TokenStreamPump;
+
+// Counts a work RPC in core.calls_in_flight for its lifetime.
+class CallInFlight {
+ public:
+  explicit CallInFlight(WorkerCore& core) : core_(core) { core_.calls_in_flight.fetch_add(1); }
+  ~CallInFlight() { core_.calls_in_flight.fetch_sub(1); }
+  CallInFlight(const CallInFlight&) = delete;
+  CallInFlight& operator=(const CallInFlight&) = delete;
+
+ private:
+  WorkerCore& core_;
+};
 
 // UNIMPLEMENTED naming the RPC, this worker's role and the roles that serve it.
 grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by);

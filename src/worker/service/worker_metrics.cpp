@@ -50,6 +50,10 @@ Status WorkerMetrics::init() {
                                "Requests queued in the engine, not yet running.", &waiting_));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_cache_usage_perc",
                                "Fraction of KV blocks held (1 = full).", &kv_usage_));
+  CLEAVE_RETURN_IF_ERROR(gauge("cleave:worker_draining",
+                               "1 while the worker drains (SIGTERM: no new requests, running ones "
+                               "finish), else 0.",
+                               &draining));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_total", "KV blocks in the pool.", &blocks_total_));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_free", "KV blocks free.", &blocks_free_));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_cached",
@@ -121,6 +125,20 @@ Status WorkerMetrics::init() {
                                                 {"rpc", "code"}),
                               rpcs));
   rpcs_ = std::move(rpcs);
+  return Status::Ok();
+}
+
+Status WorkerMetrics::set_info(const std::string& worker_id, std::string_view role,
+                               const std::string& instance_type, const std::string& profile,
+                               std::string_view version) {
+  std::optional<metrics::Family<metrics::Gauge>> info;
+  CLEAVE_RETURN_IF_ERROR(
+      take(registry_.gauge("cleave:worker_info",
+                           "The worker's identity, its node's instance type "
+                           "and the profile it applied (value 1).",
+                           {"worker_id", "role", "instance_type", "profile", "version"}),
+           info));
+  info->with({worker_id, std::string(role), instance_type, profile, std::string(version)}).set(1);
   return Status::Ok();
 }
 

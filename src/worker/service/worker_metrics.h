@@ -24,6 +24,12 @@ class WorkerMetrics {
 
   // One finished RPC, by method and gRPC code name ("OK", "UNAVAILABLE", ...).
   void count_rpc(std::string_view rpc, std::string_view code);
+  // cleave:worker_info{worker_id, role, instance_type, profile, version} = 1: what this worker
+  // is and which profile it applied (the labels are the point; the value is always 1).
+  Status set_info(const std::string& worker_id, std::string_view role,
+                  const std::string& instance_type, const std::string& profile,
+                  std::string_view version);
+  metrics::Gauge* draining = nullptr;  // 1 from SIGTERM on
 
   metrics::Histogram* kv_handoff_tail_seconds = nullptr;
   metrics::Histogram* kv_transfer_seconds = nullptr;

@@ -9,6 +9,7 @@
 
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
+#include "cleave/common/version.h"
 #include "cleave/kvcache/prefix_hash.h"
 #include "cleave/model/default_model.h"
 #include "cleave/model/model_file.h"
@@ -16,6 +17,7 @@
 #include "fmt/format.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "metrics_http.h"
 #include "token_stream.h"
 #include "worker_core.h"
 
@@ -85,6 +87,7 @@ struct WorkerServer::Impl {
   std::unique_ptr<worker_service::TokenStreamPump> pump;  // stopped after the server: streams need it to end
   std::unique_ptr<WorkerRpcs> rpcs;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<worker_service::MetricsHttpServer> metrics_http;
   std::string host;
   int port = 0;
 
@@ -99,6 +102,10 @@ struct WorkerServer::Impl {
   Status load(const Config& config);
   Status serve();
   void notice_loop();
+  void set_health(bool serving);
+  void begin_drain();
+  int64_t in_flight() const;
+  std::string in_flight_text() const;
   void shutdown();
 };
 
@@ -151,7 +158,9 @@ Status WorkerServer::Impl::load(const Config& config) {
     log::info("worker {}: KV pool registered with the transfer engine ({}, {} rail(s))", core.id,
               core.transfer->provider(), core.transfer->rails());
   }
-  return core.metrics.init();
+  CLEAVE_RETURN_IF_ERROR(core.metrics.init());
+  return core.metrics.set_info(core.id, worker_role_name(core.role), config.worker.instance_type,
+                               config.worker.profile, kVersion);
 }
 
 Status WorkerServer::Impl::serve() {
@@ -177,13 +186,47 @@ Status WorkerServer::Impl::serve() {
   if (core.role == WorkerRole::kDecode) {
     notice_thread = std::thread([this] { notice_loop(); });
   }
-  if (auto* health = server->GetHealthCheckService()) {
-    health->SetServingStatus(true);
-    health->SetServingStatus(v1::Worker::service_full_name(), true);
+  set_health(true);
+  if (core.config.worker.metrics_port >= 0) {
+    auto http = worker_service::MetricsHttpServer::start(
+        host, static_cast<int>(core.config.worker.metrics_port),
+        [this] { return core.metrics.render(core.engine->stats(), core.reservations.size()); },
+        [this] { return !core.draining.load() && !core.stopping.load(); });
+    if (!http.ok()) return http.status();
+    metrics_http = std::move(http).value();
+    log::info("worker {}: metrics on http://{}:{}/metrics", core.id, host, metrics_http->port());
   }
   log::info("worker {}: {} worker serving on {}:{}", core.id, worker_role_name(core.role), host,
             port);
   return Status::Ok();
+}
+
+void WorkerServer::Impl::set_health(bool serving) {
+  if (!server) return;
+  if (auto* health = server->GetHealthCheckService()) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus(v1::Worker::service_full_name(), serving);
+  }
+}
+
+void WorkerServer::Impl::begin_drain() {
+  if (core.draining.exchange(true)) return;
+  set_health(false);
+  core.metrics.draining->set(1);
+}
+
+int64_t WorkerServer::Impl::in_flight() const {
+  const EngineStats s = core.engine ? core.engine->stats() : EngineStats{};
+  return core.calls_in_flight.load() + static_cast<int64_t>(core.reservations.size()) + s.running +
+         s.waiting;
+}
+
+std::string WorkerServer::Impl::in_flight_text() const {
+  const EngineStats s = core.engine ? core.engine->stats() : EngineStats{};
+  return fmt::format(
+      "{} call(s), {} reservation(s) waiting for their Decode, {} request(s) in "
+      "the engine",
+      core.calls_in_flight.load(), core.reservations.size(), s.running + s.waiting);
 }
 
 void WorkerServer::Impl::notice_loop() {
@@ -226,12 +269,8 @@ void WorkerServer::Impl::shutdown() {
   }
   if (server) log::info("worker {}: shutting down", core.id);
   core.stopping.store(true);
-  if (server) {
-    if (auto* health = server->GetHealthCheckService()) {
-      health->SetServingStatus(false);
-      health->SetServingStatus(v1::Worker::service_full_name(), false);
-    }
-  }
+  set_health(false);
+  if (metrics_http) metrics_http->stop();
   core.reservations.shutdown();
   if (core.engine) core.engine->shutdown();
   if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -274,6 +313,46 @@ int WorkerServer::port() const { return impl_->port; }
 std::string WorkerServer::address() const { return fmt::format("{}:{}", impl_->host, impl_->port); }
 
 void WorkerServer::shutdown() { impl_->shutdown(); }
+
+int WorkerServer::metrics_port() const {
+  return impl_->metrics_http ? impl_->metrics_http->port() : -1;
+}
+
+int64_t WorkerServer::in_flight() const {
+  return impl_->in_flight();
+}
+
+bool WorkerServer::drain(std::chrono::milliseconds limit,
+                         const std::function<bool()>& interrupted) {
+  Impl& m = *impl_;
+  const auto t0 = std::chrono::steady_clock::now();
+  m.begin_drain();
+  int64_t left = m.in_flight();
+  log::info(
+      "worker {}: draining: health NOT_SERVING, new requests refused; in flight: {}; "
+      "waiting up to {} s",
+      m.core.id, m.in_flight_text(), limit.count() / 1000.0);
+  bool drained = left == 0;
+  while (!drained) {
+    if (std::chrono::steady_clock::now() - t0 >= limit) break;
+    if (interrupted && interrupted()) {
+      log::info("worker {}: drain interrupted", m.core.id);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = m.in_flight();
+    drained = left == 0;
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (drained) {
+    log::info("worker {}: drained in {:.2f} s", m.core.id, took);
+  } else {
+    log::warn("worker {}: still in flight after {:.2f} s of draining: {}; stopping", m.core.id,
+              took, m.in_flight_text());
+  }
+  shutdown();
+  return drained;
+}
 
 void WorkerServer::wait() {
   std::unique_lock<std::mutex> lock(impl_->state_mu);

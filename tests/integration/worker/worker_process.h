@@ -99,7 +99,8 @@ inline CommandResult run_command(const std::vector<std::string>& argv,
 
 // `cleave worker --role ROLE --id ID --model MODEL --listen 127.0.0.1:0 --set K=V...`, ready
 // once it printed "cleave worker <role> <id> listening on <host>:<port>". The destructor stops
-// it with SIGTERM (SIGKILL when it has not exited within 10 s).
+// it with SIGINT, an immediate graceful shutdown (SIGTERM would drain it for
+// worker.drain_seconds); SIGKILL when it has not exited within 10 s.
 class WorkerProcess {
  public:
   struct Spec {
@@ -138,7 +139,7 @@ class WorkerProcess {
 
   ~WorkerProcess() {
     if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGTERM);
+      ::kill(pid_, SIGINT);
       wait_exit(pid_, std::chrono::seconds(10));
     }
     if (reader_.joinable()) reader_.join();

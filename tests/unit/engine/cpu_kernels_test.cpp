@@ -11,7 +11,8 @@
 namespace cleave::cpu {
 namespace {
 
-const DType kAllDtypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
+// The f32 path (uses_int_path false); the block formats, Q8_0 among them, are in qdot_test.cpp.
+const DType kAllDtypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // A weight matrix in a given dtype, with its exact f32 values (what the kernels must see).
 struct TestMatrix {
@@ -51,23 +52,6 @@ TestMatrix make_matrix(DType dtype, int64_t rows, int64_t n, uint32_t seed) {
           val[i] = bf16_to_f32(h);
         }
         break;
-      case DType::kQ8_0:
-        for (int64_t b = 0; b < n / kQ8_0BlockElems; ++b) {
-          float amax = 0.0f;
-          for (int j = 0; j < kQ8_0BlockElems; ++j)
-            amax = std::max(amax, std::fabs(src[b * kQ8_0BlockElems + j]));
-          BlockQ8_0 blk;
-          blk.scale = f32_to_f16(amax / 127.0f);
-          const float scale = f16_to_f32(blk.scale);
-          for (int j = 0; j < kQ8_0BlockElems; ++j) {
-            float q = scale > 0 ? std::round(src[b * kQ8_0BlockElems + j] / scale) : 0.0f;
-            q = std::min(127.0f, std::max(-127.0f, q));
-            blk.q[j] = static_cast<int8_t>(q);
-            val[b * kQ8_0BlockElems + j] = scale * static_cast<float>(blk.q[j]);
-          }
-          std::memcpy(dst + b * static_cast<int64_t>(sizeof blk), &blk, sizeof blk);
-        }
-        break;
       default:  // the integer-path formats are tested in qdot_test.cpp
         break;
     }
@@ -90,7 +74,6 @@ std::vector<float> random_vector(int64_t n, uint32_t seed) {
 
 // Sizes that exercise the 16-chunk loop, the 8-chunk and the scalar tail.
 std::vector<int64_t> test_sizes(DType dtype) {
-  if (dtype == DType::kQ8_0) return {32, 64, 96, 288, 4096};
   return {1, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 100, 257, 4096};
 }
 
@@ -172,7 +155,7 @@ TEST_P(KernelSetTest, MatmulIsBatchInvariantBitForBit) {
 
 TEST_P(KernelSetTest, LargeMatmulMatchesReferenceAndIsBatchInvariant) {
   for (DType dtype : kAllDtypes) {
-    const int64_t rows = 301, n = 1024 + (dtype == DType::kQ8_0 ? 0 : 13);
+    const int64_t rows = 301, n = 1024 + 13;
     TestMatrix m = make_matrix(dtype, rows, n, 5);
     const int64_t tokens = 11;
     std::vector<float> x = random_vector(n * tokens, 6);

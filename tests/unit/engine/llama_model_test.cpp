@@ -315,6 +315,25 @@ struct RefModel {
       for (size_t i = 0; i < cols; ++i) y[r] += static_cast<double>(w[r * cols + i]) * x[i];
     return y;
   }
+  // What the integer path multiplies a block format's weights with: x (as f32) rounded to 8 bits
+  // per 32-element block (cpu_kernels.h).
+  static std::vector<double> quantised(const std::vector<double>& x) {
+    std::vector<double> out(x.size());
+    for (size_t b = 0; b + 32 <= x.size(); b += 32) {
+      float amax = 0.0f;
+      for (size_t i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(static_cast<float>(x[b + i])));
+      const float d = amax / 127.0f;
+      const float id = d != 0.0f ? 1.0f / d : 0.0f;
+      for (size_t i = 0; i < 32; ++i)
+        out[b + i] = static_cast<double>(d) * std::nearbyint(static_cast<float>(x[b + i]) * id);
+    }
+    return out;
+  }
+  // matvec with the named weight, on the activation its dtype's kernels see.
+  std::vector<double> apply(const std::string& name, const std::vector<double>& x) const {
+    const bool int_path = cpu::uses_int_path(f.tensor(name)->dtype);
+    return matvec(mat(name), int_path ? quantised(x) : x);
+  }
   std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w) const {
     double ss = 0;
     for (double v : x) ss += v * v;
@@ -367,7 +386,7 @@ struct RefModel {
                                        KvRows* v_out = nullptr) const {
     const int64_t hd = c.head_dim, kvd = c.n_kv_heads * hd;
     const auto embd = mat("token_embd.weight");
-    const auto out_w = f.tensor("output.weight") ? mat("output.weight") : embd;
+    const std::string out_name = f.tensor("output.weight") ? "output.weight" : "token_embd.weight";
     const auto out_norm = mat("output_norm.weight");
     std::vector<std::vector<std::vector<double>>> K(c.n_layers), V(c.n_layers);
     std::vector<std::vector<double>> all;
@@ -376,9 +395,9 @@ struct RefModel {
       for (int64_t l = 0; l < c.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         auto xb = rmsnorm(x, mat(p + "attn_norm.weight"));
-        auto q = matvec(mat(p + "attn_q.weight"), xb);
-        auto k = matvec(mat(p + "attn_k.weight"), xb);
-        auto v = matvec(mat(p + "attn_v.weight"), xb);
+        auto q = apply(p + "attn_q.weight", xb);
+        auto k = apply(p + "attn_k.weight", xb);
+        auto v = apply(p + "attn_v.weight", xb);
         if (c.qkv_bias) {
           auto bq = mat(p + "attn_q.bias"), bk = mat(p + "attn_k.bias"), bv = mat(p + "attn_v.bias");
           for (size_t i = 0; i < q.size(); ++i) q[i] += bq[i];
@@ -405,16 +424,16 @@ struct RefModel {
             for (int64_t i = 0; i < hd; ++i) att[h * hd + i] += s[j] / sum * V[l][j][kvh * hd + i];
         }
         (void)kvd;
-        auto o = matvec(mat(p + "attn_output.weight"), att);
+        auto o = apply(p + "attn_output.weight", att);
         for (int64_t i = 0; i < c.dim; ++i) x[i] += o[i];
         xb = rmsnorm(x, mat(p + "ffn_norm.weight"));
-        auto g = matvec(mat(p + "ffn_gate.weight"), xb);
-        auto u = matvec(mat(p + "ffn_up.weight"), xb);
+        auto g = apply(p + "ffn_gate.weight", xb);
+        auto u = apply(p + "ffn_up.weight", xb);
         for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
-        auto d = matvec(mat(p + "ffn_down.weight"), g);
+        auto d = apply(p + "ffn_down.weight", g);
         for (int64_t i = 0; i < c.dim; ++i) x[i] += d[i];
       }
-      all.push_back(matvec(out_w, rmsnorm(x, out_norm)));
+      all.push_back(apply(out_name, rmsnorm(x, out_norm)));
     }
     if (k_out != nullptr) *k_out = K;
     if (v_out != nullptr) *v_out = V;

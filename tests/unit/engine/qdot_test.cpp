@@ -15,8 +15,8 @@ namespace cleave::cpu {
 namespace {
 
 const DType kIntTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
-                           DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
-                           DType::kQ6_K};
+                           DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                           DType::kQ5_K, DType::kQ6_K};
 
 struct Matrix {
   std::vector<std::byte> bytes;
@@ -89,10 +89,9 @@ class IntPathTest : public ::testing::TestWithParam<std::string> {
   std::string previous_;
 };
 
-TEST_P(IntPathTest, EveryFormatTakesTheIntegerPathButQ8_0) {
+TEST_P(IntPathTest, EveryBlockFormatTakesTheIntegerPath) {
   for (DType t : kIntTypes) EXPECT_TRUE(uses_int_path(t)) << dtype_name(t);
-  EXPECT_FALSE(uses_int_path(DType::kQ8_0));
-  EXPECT_FALSE(uses_int_path(DType::kF16));
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) EXPECT_FALSE(uses_int_path(t));
 }
 
 // Two bounds. Against the exact product of the decoded weights with the 8-bit activation the

@@ -119,7 +119,7 @@ TEST(WorkerSupervisorTest, StartsReportsAddressesRestartsOnTheSameAddressAndStop
   }
   const auto t0 = std::chrono::steady_clock::now();
   (*sup)->stop();
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1500));  // SIGTERM ends sleep
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, milliseconds(1500));  // SIGINT ends sleep
   for (pid_t p : pids) EXPECT_TRUE(process_gone(p)) << p;
   (*sup)->stop();  // idempotent
 }
@@ -155,7 +155,7 @@ TEST(WorkerSupervisorTest, StopEscalatesToSigkill) {
   SupervisorOptions o = sh_options(&events);
   o.stop_grace = milliseconds(200);
   const std::string stubborn =
-      "trap '' TERM; echo \"cleave worker unified u listening on 127.0.0.1:41031\"; "
+      "trap '' INT TERM; echo \"cleave worker unified u listening on 127.0.0.1:41031\"; "
       "while :; do sleep 0.05; done";
   auto sup =
       WorkerSupervisor::start({sh_worker("unified", "unified-0", 41031, stubborn)}, std::move(o));
