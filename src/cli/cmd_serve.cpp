@@ -198,14 +198,16 @@ int run_serve(SettingsFlags& flags) {
     return 2;
   }
   if (config.model.path.empty()) {
-    auto path = ensure_default_model();
-    if (!path.ok()) {
+    auto def = resolve_default_model();
+    if (!def.ok()) {
       std::fprintf(stderr, "cleave serve: the default model: %s\n",
-                   path.status().message().c_str());
+                   def.status().message().c_str());
       return 1;
     }
-    log::info("serve: no model given; serving the embedded default model {}", *path);
-    config.model.path = *path;
+    log::info("serve: no model given; serving the embedded default model {} as '{}'", def->path,
+              def->served_name);
+    config.model.path = def->path;
+    if (config.router.served_model_name.empty()) config.router.served_model_name = def->served_name;
   }
 
   auto specs = worker_specs(flags, pools, config.model.path);

@@ -19,5 +19,6 @@ void add_worker_command(CLI::App& app, int* exit_code); // `worker --role ...`
 void add_serve_command(CLI::App& app, int* exit_code);  // `serve`: workers + router
 void add_router_command(CLI::App& app, int* exit_code); // `router`: the router alone
 void add_tune_command(CLI::App& app, int* exit_code);   // `tune`: a config for a workload
+void add_perplexity_command(CLI::App& app, int* exit_code);  // `perplexity`
 
 }  // namespace cleave::cli

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   cleave::cli::add_serve_command(app, &exit_code);
   cleave::cli::add_router_command(app, &exit_code);
   cleave::cli::add_tune_command(app, &exit_code);
+  cleave::cli::add_perplexity_command(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -280,6 +280,10 @@ void register_settings(Config& c, SettingsRegistry& r) {
   r.add_int("engine.kv_cache_bytes", &c.engine.kv_cache_bytes,
             "KV pool memory budget in bytes (used when engine.kv_blocks is 0).", 1 << 20,
             int64_t{1} << 50, "--kv-cache-bytes");
+  r.add_enum("engine.kv_dtype", &c.engine.kv_dtype, {"f32", "f16", "bf16"},
+             "Element type of K and V in the KV pool (f16 and bf16 halve its memory and "
+             "attention's reads; prefill and decode workers must agree).",
+             "--kv-dtype");
   r.add_int("engine.max_tokens_per_step", &c.engine.max_tokens_per_step,
             "Token budget of one engine step: decode tokens plus prefill chunks.", 1, 1 << 20,
             "--max-tokens-per-step");

@@ -15,7 +15,7 @@ void BatchAssembler::reserve(int64_t max_batch_tokens) {
   slots_.assign(n, 0);
   seq_.assign(n, 0);
   seq_blocks_.assign(n, 0);
-  logit_rows_.reserve(n);
+  logit_rows_.reserve(2 * n);  // a token may go to its span and to the hook
   block_ids_.reserve(n * 64);
 }
 
@@ -23,10 +23,11 @@ Status BatchAssembler::validate(std::span<const BatchSequence> batch, const KvLa
                                 const ModelConfig& cfg, int64_t max_context) {
   if (batch.empty()) return InvalidArgument("forward_batch: the batch has no sequences");
   if (pool.n_layers != cfg.n_layers || pool.n_kv_heads != cfg.n_kv_heads ||
-      pool.head_dim != cfg.head_dim || pool.dtype != DType::kF32) {
+      pool.head_dim != cfg.head_dim ||
+      (pool.dtype != DType::kF32 && pool.dtype != DType::kF16 && pool.dtype != DType::kBF16)) {
     return InvalidArgument(fmt::format(
         "forward_batch: the KV pool's layout ({}) does not match the model ({} layers, {} KV "
-        "heads, head dim {}, f32)",
+        "heads, head dim {}, f32, f16 or bf16)",
         pool.to_string(), cfg.n_layers, cfg.n_kv_heads, cfg.head_dim));
   }
   for (size_t s = 0; s < batch.size(); ++s) {
@@ -96,6 +97,10 @@ bool BatchAssembler::next() {
       slots_[r] = static_cast<int64_t>(b.block_table[static_cast<size_t>(pos / block_size_)]) *
                       block_size_ + pos % block_size_;
       seq_[r] = n_seqs;
+      if (b.all_logits) {
+        logit_rows_.push_back(LogitRow{.row = row + i, .logits = {}, .sequence = cursor_seq_,
+                                       .index = cursor_tok_ + i});
+      }
     }
     // The blocks this sub-batch's tokens of the sequence read: positions 0..last.
     const int64_t blocks = (first_pos + take - 1) / block_size_ + 1;
@@ -105,7 +110,7 @@ bool BatchAssembler::next() {
     row += take;
     cursor_tok_ += take;
     if (cursor_tok_ == n) {
-      if (!b.logits.empty()) logit_rows_.push_back(LogitRow{row - 1, b.logits});
+      if (!b.logits.empty()) logit_rows_.push_back(LogitRow{.row = row - 1, .logits = b.logits});
       ++cursor_seq_;
       cursor_tok_ = 0;
     }

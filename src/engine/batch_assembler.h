@@ -22,7 +22,9 @@ namespace cleave::engine_detail {
 // A token whose logits go to a sequence's logits span.
 struct LogitRow {
   int64_t row = 0;            // row of the token in its sub-batch
-  std::span<float> logits;    // where they go
+  std::span<float> logits;    // where they go; empty: to ForwardHooks::on_token_logits
+  size_t sequence = 0;        // for the hook: the sequence's index in the batch
+  int64_t index = 0;          // and the token's index in its tokens
 };
 
 class BatchAssembler {

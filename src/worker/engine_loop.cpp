@@ -36,7 +36,7 @@ Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaMode
   }
   int64_t blocks = opts.num_blocks;
   if (blocks <= 0) {
-    const KvLayout one = model->kv_layout(opts.block_size, 1);
+    const KvLayout one = model->kv_layout(opts.block_size, 1, opts.kv_dtype);
     const uint64_t per_block = one.block_bytes() * static_cast<uint64_t>(one.n_layers);
     blocks = per_block == 0 ? 0 : static_cast<int64_t>(opts.kv_cache_bytes / per_block);
     if (blocks <= 0) {
@@ -47,7 +47,7 @@ Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaMode
     }
   }
   CLEAVE_ASSIGN_OR_RETURN(auto pool,
-                          KvBlockPool::create(model->kv_layout(opts.block_size, blocks)));
+                          KvBlockPool::create(model->kv_layout(opts.block_size, blocks, opts.kv_dtype)));
   std::unique_ptr<EngineLoop> loop(
       new EngineLoop(std::move(model), std::move(tokenizer), std::move(pool), opts));
   loop->thread_ = std::thread([l = loop.get()] { l->run(); });
@@ -69,6 +69,7 @@ EngineLoop::EngineLoop(std::unique_ptr<LlamaModel> model,
   }
   const auto rows = static_cast<size_t>(opts_.scheduler.max_num_seqs);
   batch_.reserve(rows);
+  scoring_.reserve(rows);
   logits_.assign(rows * static_cast<size_t>(vocab_), 0.0f);
   plan_.chunks.reserve(rows);
   publish_stats();
@@ -282,7 +283,9 @@ void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb,
   }
   r->sink = std::move(req.kv_export);
   const RequestId id = req.id;
-  const Status added = scheduler_.add(id, std::move(req.prompt));
+  const bool scores_prompt = r->params.prompt_logprobs >= 0;
+  if (scores_prompt) r->prompt_logprobs.resize(req.prompt.size() - 1);
+  const Status added = scheduler_.add(id, std::move(req.prompt), scores_prompt);
   requests_.emplace(id, std::move(r));
   if (!added.ok()) fail(id, added);
 }
@@ -308,7 +311,9 @@ void EngineLoop::step() {
   if (plan_.empty()) return;
 
   batch_.clear();
+  scoring_.clear();
   size_t row = 0;
+  bool scoring = false;
   for (const ScheduledChunk& c : plan_.chunks) {
     std::span<float> logits;
     if (c.samples) {
@@ -316,7 +321,20 @@ void EngineLoop::step() {
                                                  static_cast<size_t>(vocab_));
       ++row;
     }
-    batch_.push_back(BatchSequence{c.tokens(), c.start_pos, c.seq->block_table, logits});
+    // A prompt whose log-probabilities are wanted: every logit row of its chunk that predicts
+    // a prompt token, until they have gone out with its first token.
+    RequestState* scores = nullptr;
+    if (auto it = requests_.find(c.seq->id); it != requests_.end() &&
+                                             !it->second->prompt_logprobs.empty() &&
+                                             it->second->generated == 0 &&
+                                             c.start_pos + 1 < c.seq->prompt_len) {
+      scores = it->second.get();
+      scoring = true;
+    }
+    batch_.push_back(BatchSequence{.tokens = c.tokens(), .start_pos = c.start_pos,
+                                   .block_table = c.seq->block_table, .logits = logits,
+                                   .all_logits = scores != nullptr});
+    scoring_.push_back(scores);
   }
   exports_.clear();
   for (const ScheduledChunk& c : plan_.chunks) {
@@ -328,6 +346,18 @@ void EngineLoop::step() {
   }
   ForwardHooks hooks;
   if (!exports_.empty()) hooks.on_layer_done = [this](int64_t layer) { export_layer(layer); };
+  if (scoring) {
+    hooks.on_token_logits = [this](size_t s, int64_t i, std::span<const float> logits) {
+      RequestState& r = *scoring_[s];
+      const Sequence& seq = *plan_.chunks[s].seq;
+      const int64_t predicted = plan_.chunks[s].start_pos + i + 1;  // the position it predicts
+      if (predicted >= seq.prompt_len ||
+          predicted > static_cast<int64_t>(r.prompt_logprobs.size()))
+        return;
+      r.prompt_logprobs[static_cast<size_t>(predicted - 1)] = token_logprob(
+          logits, seq.tokens[static_cast<size_t>(predicted)], r.params.prompt_logprobs);
+    };
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const Status st = model_->forward_batch(batch_, *pool_, hooks);
   local_stats_.forward_seconds += seconds_since(t0);
@@ -386,7 +416,11 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
                            before_min ? std::span<const int32_t>(r.end_ids)
                                       : std::span<const int32_t>());
   ev.token = ev.sample.token;
-  if (r.generated == 0) ev.queue_seconds = r.queue_seconds;  // the first token it samples
+  if (r.generated == 0) {  // the first token it samples
+    ev.queue_seconds = r.queue_seconds;
+    ev.prompt_logprobs = std::move(r.prompt_logprobs);
+    r.prompt_logprobs.clear();
+  }
   r.generated = static_cast<int64_t>(generated.size()) + 1;
   ++local_stats_.tokens_generated;
 

@@ -23,6 +23,9 @@ struct EngineLoop::RequestState {
   std::chrono::steady_clock::time_point submitted;  // submit() was called
   double queue_seconds = -1;  // submit() to the first step that computed it (first admission)
   int64_t generated = 0;
+  // params.prompt_logprobs >= 0: the logprobs of prompt positions 1..n-1, filled as the prompt
+  // is computed and sent (moved out) with the first token.
+  std::vector<SampleResult> prompt_logprobs;
   // kv_export (prefill side): positions below export_from have been handed to the sink.
   std::shared_ptr<KvExportSink> sink;
   int64_t export_from = 0;

@@ -21,6 +21,11 @@ void to_proto(const SamplingParams& p, v1::SamplingParams* out) {
   out->set_logprobs(p.logprobs);
   out->set_ignore_eos(p.ignore_eos);
   out->set_min_tokens(p.min_tokens);
+  if (p.prompt_logprobs >= 0) {
+    out->set_prompt_logprobs(p.prompt_logprobs);
+  } else {
+    out->clear_prompt_logprobs();
+  }
 }
 
 SamplingParams from_proto(const v1::SamplingParams& p) {
@@ -39,6 +44,7 @@ SamplingParams from_proto(const v1::SamplingParams& p) {
   s.logprobs = p.logprobs();
   s.ignore_eos = p.ignore_eos();
   s.min_tokens = p.min_tokens();
+  s.prompt_logprobs = p.has_prompt_logprobs() ? p.prompt_logprobs() : -1;
   return s;
 }
 
@@ -124,6 +130,17 @@ void to_proto(const EngineEvent& ev, v1::TokenEvent* out) {
     v1::TopLogprob* tp = out->add_top_logprobs();
     tp->set_token(t.token);
     tp->set_logprob(t.logprob);
+  }
+  out->clear_prompt_logprobs();
+  for (const SampleResult& p : ev.prompt_logprobs) {
+    v1::PromptLogprob* pl = out->add_prompt_logprobs();
+    pl->set_token(p.token);
+    pl->set_logprob(p.logprob);
+    for (const TokenLogprob& t : p.top) {
+      v1::TopLogprob* tp = pl->add_top_logprobs();
+      tp->set_token(t.token);
+      tp->set_logprob(t.logprob);
+    }
   }
   out->set_finished(ev.finished);
   if (ev.finished) {

@@ -42,16 +42,20 @@ struct TokenBatch {
 };
 
 // A paged KV pool (kvcache/kv_layout.h): the unit (layer, block) is K of block_size tokens
-// ([block_size, kv_dim] floats) followed by their V; units are layer-major.
+// ([block_size, kv_dim] elements of `dtype`: f32, f16 or bf16) followed by their V; units are
+// layer-major.
 struct PagedKv {
-  float* base = nullptr;  // the pool buffer, in backend memory
+  std::byte* base = nullptr;  // the pool buffer, in backend memory
   int64_t num_blocks = 0;
   int64_t block_size = 0;
-  int64_t kv_dim = 0;     // n_kv_heads * head_dim
-  int64_t unit_floats() const { return 2 * block_size * kv_dim; }
-  // K of (layer, block); its V follows at + block_size * kv_dim.
-  float* k(int64_t layer, BlockId block) const {
-    return base + (layer * num_blocks + block) * unit_floats();
+  int64_t kv_dim = 0;         // n_kv_heads * head_dim
+  DType dtype = DType::kF32;
+  int64_t element_bytes = 4;  // of dtype
+  int64_t row_bytes() const { return kv_dim * element_bytes; }
+  int64_t unit_bytes() const { return 2 * block_size * row_bytes(); }
+  // K of (layer, block); its V follows at + block_size * row_bytes().
+  std::byte* k(int64_t layer, BlockId block) const {
+    return base + (layer * num_blocks + block) * unit_bytes();
   }
 };
 

@@ -37,6 +37,9 @@ struct BatchSequence {
                                          // offset p % block_size (entries past that are ignored)
   std::span<float> logits;               // empty: no logits; else >= vocab_size floats that get
                                          // the logits of the LAST of `tokens`
+  // Scoring (prompt log-probabilities, perplexity): the logits of EVERY one of `tokens` go to
+  // ForwardHooks::on_token_logits (which must then be set), the last one's too.
+  bool all_logits = false;
 };
 
 // Callbacks from inside forward_batch(), on the calling thread.
@@ -44,6 +47,11 @@ struct ForwardHooks {
   // Called once per layer, in layer order, as soon as that layer's K/V of every token of the
   // batch are in the pool (e.g. to start sending them to a decode worker). May be empty.
   std::function<void(int64_t layer)> on_layer_done;
+  // For each token of a sequence with all_logits, in token order: `sequence` indexes the batch,
+  // `index` the sequence's `tokens`; `logits` (vocab_size floats) is valid during the call only.
+  // Bit-identical to the logits a last-token span would get (batch invariance).
+  std::function<void(size_t sequence, int64_t index, std::span<const float> logits)>
+      on_token_logits;
 };
 
 class LlamaModel {
@@ -57,8 +65,9 @@ class LlamaModel {
   int64_t max_context() const;
   ThreadPool& pool();
   Backend& backend();
-  // The KV pool layout this model reads and writes: `num_blocks` blocks of `block_size` tokens.
-  KvLayout kv_layout(int64_t block_size, int64_t num_blocks) const;
+  // The KV pool layout this model reads and writes: `num_blocks` blocks of `block_size` tokens,
+  // K/V stored as `kv_dtype` (f32, f16 or bf16; attention converts rows to f32 as it reads).
+  KvLayout kv_layout(int64_t block_size, int64_t num_blocks, DType kv_dtype = DType::kF32) const;
 
   // Runs every sequence of `batch` one step: each sequence's tokens at its positions, all tokens
   // of all sequences together through each matmul, attention per (sequence, token, head) over
@@ -73,7 +82,8 @@ class LlamaModel {
   // no sequence's keys are overwritten by another's tokens (shared prefix blocks are read-only).
   // Errors (nothing is written when validation fails): InvalidArgument for an empty batch or
   // sequence, a token id outside the vocabulary, a block table too short for its positions, a
-  // block id outside the pool, a logits span smaller than the vocabulary, or a pool whose layout
+  // block id outside the pool, a logits span smaller than the vocabulary, all_logits without an
+  // on_token_logits hook, or a pool whose layout
   // does not match the model; OutOfRange for positions outside [0, max_context).
   // No heap allocation after the first calls (scratch is reserved at create).
   [[nodiscard]] Status forward_batch(std::span<const BatchSequence> batch, KvBlockPool& kv,

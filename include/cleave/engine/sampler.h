@@ -44,6 +44,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;    // OpenAI semantics, over generated tokens
   float frequency_penalty = 0.0f;
   int32_t logprobs = -1;            // -1: none; N >= 0: the chosen token's logprob + top N
+  // -1: none; N >= 0: each prompt token's logprob (given the tokens before it; none for the
+  // first) and the top N at its position, as vLLM's prompt_logprobs (see prompt_token_logprobs).
+  int32_t prompt_logprobs = -1;
   std::vector<std::string> stop;    // stop strings (not included in the output)
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
@@ -53,7 +56,7 @@ struct SamplingParams {
   // InvalidArgument naming the field when a value is out of range:
   //   temperature finite and >= 0; top_p in (0, 1]; top_k -1, 0 or >= 1; min_p in [0, 1];
   //   presence/frequency_penalty in [-2, 2]; repetition_penalty finite and > 0;
-  //   logprobs in [-1, 20]; max_tokens >= 1; 0 <= min_tokens <= max_tokens;
+  //   logprobs and prompt_logprobs in [-1, 20]; max_tokens >= 1; 0 <= min_tokens <= max_tokens;
   //   at most 16 stop strings, none empty; stop_token_ids in [0, vocab_size).
   Status validate(int32_t vocab_size) const;
 };
@@ -86,6 +89,12 @@ SampleResult sample_token(std::span<float> logits, const SamplingParams& params,
                           std::span<const int32_t> prompt_tokens,
                           std::span<const int32_t> generated, uint64_t position,
                           std::span<const int32_t> suppress = {});
+
+// The log-probability of `token` under log_softmax(logits) (in double, NaN logits left out),
+// with the `top_n` most likely ids (ties by id ascending, at most kMaxLogprobs), as sample_token
+// reports them: what prompt log-probabilities and perplexity are made of. `token` must be in
+// [0, logits.size()).
+SampleResult token_logprob(std::span<const float> logits, int32_t token, int32_t top_n);
 
 // The uniform draw in [0, 1) used for (seed, position): a counter-based hash, no state.
 //   h = fmix(fmix(seed ^ 0xA0761D6478BD642F) ^ fmix(position + 0x9E3779B97F4A7C15))

@@ -56,6 +56,7 @@ class KvBlockPool {
   const std::byte* data() const { return data_; }
   uint64_t size_bytes() const { return layout_.total_bytes(); }
   // K of (layer, block): [block_size, kv_dim] floats; V follows at + block_size * kv_dim.
+  // K and V as floats: f32 pools only (the bytes of any pool: data() + layout().offset()).
   float* k(int64_t layer, BlockId block) {
     return reinterpret_cast<float*>(data_ + layout_.offset(layer, block));
   }

@@ -21,18 +21,19 @@ using BlockId = int32_t;
 struct KvLayout {
   static constexpr int32_t kVersion = 1;
   int32_t version = kVersion;
-  DType dtype = DType::kF32;   // element type of K and V (f32 today)
+  DType dtype = DType::kF32;   // element type of K and V: f32, f16 or bf16 (engine.kv_dtype)
   int64_t block_size = 16;     // tokens per block
   int64_t n_layers = 0;
   int64_t n_kv_heads = 0;
   int64_t head_dim = 0;
   int64_t num_blocks = 0;      // per layer
 
-  // Layout for `cfg` with `num_blocks` blocks of `block_size` tokens.
-  static KvLayout for_model(const ModelConfig& cfg, int64_t block_size, int64_t num_blocks);
+  // Layout for `cfg` with `num_blocks` blocks of `block_size` tokens of `dtype`.
+  static KvLayout for_model(const ModelConfig& cfg, int64_t block_size, int64_t num_blocks,
+                            DType dtype = DType::kF32);
   // Blocks that fit in `budget_bytes` (0 if none).
   static int64_t blocks_for_budget(const ModelConfig& cfg, int64_t block_size,
-                                   uint64_t budget_bytes);
+                                   uint64_t budget_bytes, DType dtype = DType::kF32);
 
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
   // Bytes of one (layer, block) unit: K and V of block_size tokens.

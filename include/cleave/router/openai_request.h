@@ -8,13 +8,13 @@
 //     param "foo"), as the OpenAI API does. OpenAI fields this server does not implement are
 //     accepted only with a value that asks for nothing (null, false, {}, [], "none"...), else
 //     400 "... is not supported"; e.g. `suffix`, `tools`, `logit_bias`, `response_format`
-//     json modes, `best_of` != n, `echo` with `logprobs`.
+//     json modes, `best_of` != n, `echo` with `logprobs` when streaming.
 //   - null means "absent" for every optional field; a field with value null asks for nothing
 //     and is ignored even when unknown.
 //   - Integers may be written as integral floats (16.0); booleans are never numbers.
 //   - Ranges (as vLLM): temperature >= 0, top_p in (0, 1], top_k -1 / 0 (off) or >= 1,
 //     min_p in [0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty > 0,
-//     max_tokens / max_completion_tokens >= 1, min_tokens >= 0 and <= max_tokens, n in
+//     max_tokens / max_completion_tokens >= 1 (0 with echo: score the prompt only), min_tokens >= 0 and <= max_tokens, n in
 //     [1, max_n], logprobs (completions) and top_logprobs (chat) in [0, max_logprobs], at most
 //     max_stop stop strings, stop_token_ids and prompt token ids in [0, vocab_size).
 //   - vLLM's extra fields are accepted: top_k, min_p, repetition_penalty, stop_token_ids,
@@ -71,7 +71,10 @@ struct CompletionRequest {
   std::string model;            // "" when absent: the server's default model
   std::vector<Prompt> prompts;  // at least one; choice index = prompt index * n + i
   int32_t n = 1;
-  bool echo = false;            // the prompt's text precedes each choice's text
+  bool echo = false;            // the prompt's text precedes each choice's text; with logprobs,
+                                // the prompt's tokens and logprobs (sampling.params
+                                // .prompt_logprobs = logprobs) precede the generated ones
+  bool echo_only = false;       // max_tokens 0 with echo: the prompt alone, nothing generated
   bool stream = false;
   StreamOptions stream_options;
   std::string user;

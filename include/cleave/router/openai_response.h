@@ -49,6 +49,9 @@ struct LogprobToken {
   std::string token;
   float logprob = 0;
   std::vector<LogprobAlternative> top;
+  // false: no log-probability (an echoed prompt's first token): its token_logprobs and
+  // top_logprobs entries are null (completions only).
+  bool has_logprob = true;
 };
 
 // One finished choice of a non-streaming response.

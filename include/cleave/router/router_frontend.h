@@ -63,9 +63,12 @@ struct PreparedRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // every choice carries a "logprobs" object
   bool echo = false;           // completions: each choice's text starts with its prompt's text
+  bool echo_only = false;      // completions with max_tokens 0: the prompt alone (the one token
+                               // the workers generate is left out)
   int32_t n = 1;               // choices per prompt
   std::vector<std::string> prompt_texts;   // per prompt: the text echo repeats
   std::vector<int64_t> prompt_tokens;      // per prompt: its token count
+  std::vector<int32_t> prompt_first_ids;   // per prompt: its first token (echo with logprobs)
   std::vector<DispatchRequest> dispatches;  // per choice, in choice order
 };
 

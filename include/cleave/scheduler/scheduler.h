@@ -79,6 +79,7 @@ struct Sequence {
  private:
   friend class Scheduler;
   std::vector<uint64_t> block_hashes_;  // chain keys of the full blocks of `tokens` known so far
+  bool compute_whole_prompt_ = false;   // never served by the prefix cache
   int64_t num_registered_blocks_ = 0;   // block_table[0, n) have been offered to the prefix cache
 };
 
@@ -140,8 +141,10 @@ class Scheduler {
 
   // Queues a new sequence (waiting). InvalidArgument for an empty prompt; AlreadyExists for an
   // id in use; ResourceExhausted when the prompt and one generated token need more blocks than
-  // the whole pool has.
-  Status add(SequenceId id, std::vector<int32_t> prompt);
+  // the whole pool has. `compute_whole_prompt`: the prefix cache is not consulted for it
+  // (every prompt position is computed, e.g. for its prompt log-probabilities); its blocks
+  // still enter the cache.
+  Status add(SequenceId id, std::vector<int32_t> prompt, bool compute_whole_prompt = false);
   // Adds a sequence whose prompt KV is already in `blocks` (written there by a prefill worker;
   // block i holds positions [i*bs, (i+1)*bs)) and whose first generated token is
   // `first_token`. It starts running at once with num_computed_tokens = prompt length, taking

@@ -67,6 +67,7 @@ struct EngineLoopOptions {
   int64_t block_size = 16;                  // tokens per KV block
   int64_t num_blocks = 0;                   // > 0: the pool's block count (wins over the budget)
   uint64_t kv_cache_bytes = 256ull << 20;   // else the pool's memory budget
+  DType kv_dtype = DType::kF32;             // K/V element type: f32, f16 or bf16
   SchedulerOptions scheduler;
   std::string thread_name = "engine";
 };
@@ -106,6 +107,10 @@ struct EngineEvent {
   int32_t token = 0;
   std::string text;     // text that became safe to emit with this token (may be empty)
   SampleResult sample;  // logprob and top alternatives when params.logprobs >= 0
+  // On the first token event of a request with params.prompt_logprobs >= 0: each prompt token's
+  // logprob given the tokens before it and the top prompt_logprobs there, for prompt positions
+  // 1..n-1 (position 0 has none). Such a prompt is computed whole (no prefix-cache hits).
+  std::vector<SampleResult> prompt_logprobs;
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;  // when finished with an OK error
   std::string stop_string;  // the stop string that matched, if any
@@ -244,6 +249,7 @@ class EngineLoop {
   std::unordered_map<RequestId, std::unique_ptr<RequestState>> requests_;
   StepPlan plan_;
   std::vector<BatchSequence> batch_;
+  std::vector<RequestState*> scoring_;  // per batch_ entry: the request whose prompt it scores
   std::vector<float> logits_;  // max_num_seqs rows of vocab_size
   EngineStats local_stats_;
   struct Reservation {
@@ -294,7 +300,8 @@ class EngineLoop {
   std::thread thread_;
 };
 
-// The engine loop's options from the configuration's engine section.
+// The engine loop's options from the configuration's engine section (engine.kv_dtype is one
+// of f32, f16, bf16: the settings registry checks it).
 EngineLoopOptions engine_loop_options(const EngineSettings& settings);
 
 }  // namespace cleave

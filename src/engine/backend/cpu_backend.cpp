@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu/kv_convert.h"
 #include "cleave/engine/backend.h"
 #include "cleave/engine/cpu_kernels.h"
 
@@ -73,13 +74,12 @@ class CpuBackend final : public Backend {
 
   void write_kv(const KvWriteArgs& a) override {
     const TokenBatch& b = *a.batch;
-    const int64_t kv_dim = a.kv.kv_dim, bs = a.kv.block_size;
-    const size_t row_bytes = static_cast<size_t>(kv_dim) * sizeof(float);
+    const int64_t kv_dim = a.kv.kv_dim, bs = a.kv.block_size, row = a.kv.row_bytes();
     for (int64_t t = 0; t < b.n_tokens; ++t) {
       const int64_t slot = b.kv_slots[t];
-      float* k = a.kv.k(a.layer, static_cast<BlockId>(slot / bs)) + (slot % bs) * kv_dim;
-      std::memcpy(k, a.k + t * kv_dim, row_bytes);
-      std::memcpy(k + bs * kv_dim, a.v + t * kv_dim, row_bytes);
+      std::byte* k = a.kv.k(a.layer, static_cast<BlockId>(slot / bs)) + (slot % bs) * row;
+      cpu::kv_store(a.kv.dtype, a.k + t * kv_dim, k, kv_dim);
+      cpu::kv_store(a.kv.dtype, a.v + t * kv_dim, k + bs * row, kv_dim);
     }
   }
 
@@ -190,11 +190,23 @@ class CpuBackend final : public Backend {
     const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t]];
     const float* q = a.q + t * a.n_heads * hd;
     float* out = a.out + t * a.n_heads * hd;
+    const int64_t row_bytes = a.kv.row_bytes();
+    // f16/bf16 rows are converted to f32 (exactly) before the same fixed-order reductions as an
+    // f32 pool's; f32 rows are read in place.
+    const bool f32 = a.kv.dtype == DType::kF32;
+    thread_local std::vector<float> converted;
+    if (!f32 && static_cast<int64_t>(converted.size()) < kv_dim)
+      converted.resize(static_cast<size_t>(kv_dim));
+    const auto key_row = [&](const std::byte* p) -> const float* {
+      if (f32) return reinterpret_cast<const float*>(p);
+      cpu::kv_load(a.kv.dtype, p, converted.data(), kv_dim);
+      return converted.data();
+    };
     for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-      const float* k = a.kv.k(a.layer, table[blk]);
+      const std::byte* k = a.kv.k(a.layer, table[blk]);
       const int64_t n = std::min(bs, n_keys - j0);
       for (int64_t j = 0; j < n; ++j) {
-        const float* row = k + j * kv_dim;
+        const float* row = key_row(k + j * row_bytes);
         for (int64_t i = 0; i < nh; ++i) {
           const int64_t h = h0 + i;
           scores[i * n_keys + j0 + j] =
@@ -205,10 +217,10 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < nh; ++i) cpu::softmax(scores + i * n_keys, n_keys);
     std::fill(out + h0 * hd, out + h1 * hd, 0.0f);
     for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-      const float* v = a.kv.k(a.layer, table[blk]) + bs * kv_dim;
+      const std::byte* v = a.kv.k(a.layer, table[blk]) + bs * row_bytes;
       const int64_t n = std::min(bs, n_keys - j0);
       for (int64_t j = 0; j < n; ++j) {
-        const float* row = v + j * kv_dim;
+        const float* row = key_row(v + j * row_bytes);
         for (int64_t i = 0; i < nh; ++i) {
           const int64_t h = h0 + i;
           cpu::axpy(out + h * hd, scores[i * n_keys + j0 + j], row + (h / group) * hd, hd);

@@ -379,4 +379,13 @@ SampleResult sample_token(std::span<float> logits, const SamplingParams& params,
   return result;
 }
 
+SampleResult token_logprob(std::span<const float> logits, int32_t token, int32_t top_n) {
+  SampleResult result;
+  result.token = token;
+  const double lse = log_sum_exp(logits);
+  top_logprobs(logits, top_n, lse, result.top);
+  result.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - lse);
+  return result;
+}
+
 }  // namespace cleave

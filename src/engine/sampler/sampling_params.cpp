@@ -51,6 +51,11 @@ Status SamplingParams::validate(int32_t vocab_size) const {
     return field_error("logprobs", fmt::format("must be in [0, {}] (or -1: none)", kMaxLogprobs),
                        fmt::format("{}", logprobs));
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > kMaxLogprobs) {
+    return field_error("prompt_logprobs",
+                       fmt::format("must be in [0, {}] (or -1: none)", kMaxLogprobs),
+                       fmt::format("{}", prompt_logprobs));
+  }
   if (max_tokens < 1) {
     return field_error("max_tokens", "must be >= 1", fmt::format("{}", max_tokens));
   }

@@ -125,8 +125,11 @@ Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
   CLEAVE_ASSIGN_OR_RETURN(DispatcherOptions dispatch, dispatcher_options_from_config(config));
   CLEAVE_ASSIGN_OR_RETURN(HttpServerOptions http, http_server_options_from_config(config));
   std::string model_path = config.model.path;
+  std::string default_name;
   if (model_path.empty()) {
-    CLEAVE_ASSIGN_OR_RETURN(model_path, ensure_default_model());
+    CLEAVE_ASSIGN_OR_RETURN(DefaultModel def, resolve_default_model());
+    model_path = def.path;
+    default_name = def.served_name;
   }
 
   std::unique_ptr<RouterApp> app(new RouterApp());
@@ -137,7 +140,11 @@ Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
 
   FrontendOptions front;
   const std::string served = trim_blanks(config.router.served_model_name);
-  if (!served.empty()) front.served_model_names.push_back(served);
+  if (!served.empty()) {
+    front.served_model_names.push_back(served);
+  } else if (!default_name.empty()) {
+    front.served_model_names.push_back(default_name);
+  }
   if (config.engine.max_context > 0) front.max_model_len = config.engine.max_context;
   auto frontend = RouterFrontend::create_from_model_file(model_path, std::move(front),
                                                          *app->dispatcher_, *app->registry_);

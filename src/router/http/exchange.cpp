@@ -168,7 +168,9 @@ void Exchange::on_event(int32_t index, const v1::TokenEvent& event) {
       const auto& text = request_.prompt_texts[static_cast<size_t>(index / request_.n)];
       if (!text.empty()) stream_->chunk(index, text, -1, nullptr, std::nullopt);
     }
-    if (event.has_token() || finish || !event.text().empty()) {
+    if (request_.echo_only) {
+      if (finish) stream_->chunk(index, "", -1, nullptr, finish);
+    } else if (event.has_token() || finish || !event.text().empty()) {
       if (with_logprob) fill_logprob(event, &scratch_logprob_);
       stream_->chunk(index, event.text(), event.has_token() ? event.token() : -1,
                      with_logprob ? &scratch_logprob_ : nullptr, finish);
@@ -176,12 +178,30 @@ void Exchange::on_event(int32_t index, const v1::TokenEvent& event) {
   } else {
     if (request_.echo && !c.echoed) {
       c.echoed = true;
-      c.text = request_.prompt_texts[static_cast<size_t>(index / request_.n)];
+      const auto prompt = static_cast<size_t>(index / request_.n);
+      c.text = request_.prompt_texts[prompt];
+      if (request_.logprobs) {
+        // The prompt's tokens: the first without a logprob, then what the worker computed.
+        c.logprobs.emplace();
+        openai::LogprobToken& first = c.logprobs->emplace_back();
+        first.token = tokenizer_.token_to_piece(request_.prompt_first_ids[prompt], true);
+        first.has_logprob = false;
+        for (const v1::PromptLogprob& p : event.prompt_logprobs()) {
+          openai::LogprobToken& t = c.logprobs->emplace_back();
+          t.token = tokenizer_.token_to_piece(p.token(), true);
+          t.logprob = p.logprob();
+          for (const v1::TopLogprob& alt : p.top_logprobs()) {
+            t.top.push_back({tokenizer_.token_to_piece(alt.token(), true), alt.logprob()});
+          }
+        }
+      }
     }
-    c.text += event.text();
-    if (request_.logprobs) {
-      if (!c.logprobs) c.logprobs.emplace();
-      if (with_logprob) fill_logprob(event, &c.logprobs->emplace_back());
+    if (!request_.echo_only) {
+      c.text += event.text();
+      if (request_.logprobs) {
+        if (!c.logprobs) c.logprobs.emplace();
+        if (with_logprob) fill_logprob(event, &c.logprobs->emplace_back());
+      }
     }
   }
   if (finish) finish_choice_locked(c, event, *finish);
@@ -190,8 +210,9 @@ void Exchange::on_event(int32_t index, const v1::TokenEvent& event) {
 
 void Exchange::finish_choice_locked(Choice& c, const v1::TokenEvent& event, FinishReason reason) {
   c.phase = Phase::kDone;
-  c.finish = reason;
-  c.completion_tokens = event.usage().completion_tokens();
+  // max_tokens 0: the token that ended the workers' part is not part of the response.
+  c.finish = request_.echo_only ? FinishReason::kLength : reason;
+  c.completion_tokens = request_.echo_only ? 0 : event.usage().completion_tokens();
   c.cached_tokens = event.usage().cached_prompt_tokens();
   metrics_.requests_running->add(-1);
   metrics_.e2e_latency->observe(seconds(Clock::now() - arrival_));

@@ -141,6 +141,7 @@ std::optional<ApiError> RouterFrontend::add_prompt(Endpoint endpoint,
                                                 tokenizer_->vocab_size(), default_seed);
   if (!params.ok()) return params.error();
   out->prompt_tokens.push_back(static_cast<int64_t>(tokens.size()));
+  out->prompt_first_ids.push_back(tokens.front());
   out->prompt_texts.push_back(std::move(text));
   for (int32_t i = 0; i < n; ++i) {
     DispatchRequest d;
@@ -168,7 +169,10 @@ ApiResult<PreparedRequest> RouterFrontend::prepare_completion(std::string_view b
   p.include_usage = req->stream_options.include_usage;
   p.logprobs = req->sampling.params.logprobs >= 0;
   p.echo = req->echo;
+  p.echo_only = req->echo_only;
   p.n = req->n;
+  // max_tokens 0: the workers generate one token, which the response leaves out (as vLLM).
+  if (req->echo_only) req->sampling.max_tokens = 1;
   p.dispatches.reserve(req->prompts.size() * static_cast<size_t>(req->n));
   const uint64_t default_seed = openai::random_seed();
   const EncodeOptions encode{.add_bos = tokenizer_->spec().add_bos, .parse_special = true};

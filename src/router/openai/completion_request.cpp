@@ -62,8 +62,15 @@ Check parse_into(const json& doc, const RequestLimits& limits, CompletionRequest
                               .model = &r->model};
   bool have_prompt = false;
   std::optional<int64_t> best_of;
+  std::string zero_max_tokens;  // the field that asked for 0 tokens
   for (const auto& [key, value] : doc.items()) {
     if (value.is_null()) continue;
+    // max_tokens 0 (with echo): the prompt alone is scored, nothing is generated (as vLLM).
+    if ((key == "max_tokens" || key == "max_completion_tokens") && value.is_number_integer() &&
+        value.get<int64_t>() == 0) {
+      zero_max_tokens = key;
+      continue;
+    }
     bool handled = false;
     CLEAVE_OPENAI_CHECK(detail::parse_common_field(key, value, limits, &common, &handled));
     if (handled) continue;
@@ -92,10 +99,27 @@ Check parse_into(const json& doc, const RequestLimits& limits, CompletionRequest
     return detail::unsupported("best_of", json(*best_of),
                                fmt::format("only best_of equal to n ({}) is supported", r->n));
   }
+  if (!zero_max_tokens.empty()) {
+    if (!r->echo) {
+      return invalid_request(
+          fmt::format("Invalid value for '{}': 0 (must be >= 1; 0 only with echo, to score the "
+                      "prompt alone).",
+                      zero_max_tokens),
+          zero_max_tokens);
+    }
+    if (r->sampling.max_tokens) {  // max_completion_tokens and max_tokens both given
+      return invalid_request(
+          fmt::format("'{}' 0 cannot be combined with a non-zero max_tokens.", zero_max_tokens),
+          zero_max_tokens);
+    }
+    r->echo_only = true;
+  }
   if (r->echo && r->sampling.params.logprobs >= 0) {
-    return detail::unsupported("echo", json(true),
-                               "echo with logprobs needs the prompt's logprobs, which this "
-                               "server does not compute");
+    if (r->stream) {
+      return detail::unsupported("echo", json(true),
+                                 "echo with logprobs is supported without streaming only");
+    }
+    r->sampling.params.prompt_logprobs = r->sampling.params.logprobs;
   }
   return std::nullopt;
 }

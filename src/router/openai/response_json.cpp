@@ -45,10 +45,20 @@ void write_completion_logprobs(JsonWriter& w, std::span<const LogprobToken> toke
   for (const auto& t : tokens) w.string(t.token);
   w.end_array();
   w.key("token_logprobs").begin_array();
-  for (const auto& t : tokens) w.logprob(t.logprob);
+  for (const auto& t : tokens) {
+    if (t.has_logprob) {
+      w.logprob(t.logprob);
+    } else {
+      w.null();
+    }
+  }
   w.end_array();
   w.key("top_logprobs").begin_array();
   for (const auto& t : tokens) {
+    if (!t.has_logprob) {
+      w.null();
+      continue;
+    }
     // A JSON object keyed by text: two alternatives with the same text keep the first (the
     // more likely); the chosen token is added when it is not among the top N.
     w.begin_object();

@@ -39,8 +39,13 @@ TEST(KvLayoutTest, ValidateNamesTheProblem) {
   l = KvLayout::for_model(stories_like(), 16, 0);
   EXPECT_NE(l.validate().find("at least one block"), std::string::npos);
   l = KvLayout::for_model(stories_like(), 16, 10);
-  l.dtype = DType::kF16;
-  EXPECT_NE(l.validate().find("f16"), std::string::npos);
+  l.dtype = DType::kQ8_0;
+  EXPECT_NE(l.validate().find("q8_0"), std::string::npos);
+  for (DType d : {DType::kF16, DType::kBF16}) {
+    EXPECT_EQ(KvLayout::for_model(stories_like(), 16, 10, d).validate(), "") << dtype_name(d);
+    EXPECT_EQ(KvLayout::for_model(stories_like(), 16, 10, d).block_bytes(), 2u * 16 * 32 * 2);
+    EXPECT_EQ(KvLayout::blocks_for_budget(stories_like(), 16, 5u * 2 * 16 * 32 * 2 * 3, d), 3);
+  }
   l = KvLayout::for_model(stories_like(), 16, 10);
   l.version = 2;
   EXPECT_NE(l.validate().find("version 2"), std::string::npos);
@@ -60,6 +65,8 @@ TEST(KvLayoutTest, IncompatibilityListsEveryDifference) {
   b.block_size = 32;
   b.head_dim = 16;
   EXPECT_EQ(a.incompatibility(b), "block size 16 vs 32; head dim 8 vs 16");
+  EXPECT_EQ(a.incompatibility(KvLayout::for_model(stories_like(), 16, 10, DType::kF16)),
+            "dtype f32 vs f16");
 }
 
 }  // namespace

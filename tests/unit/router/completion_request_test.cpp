@@ -103,7 +103,7 @@ TEST(CompletionRequestTest, BadPrompts) {
 }
 
 TEST(CompletionRequestTest, EveryFieldIsRead) {
-  // Every field at once (echo without logprobs: echo with logprobs is refused, below).
+  // Every field at once (echo without logprobs; echo with logprobs is tested below).
   const CompletionRequest q = parse_ok(R"({
     "model": "m", "prompt": "x", "max_tokens": 32, "temperature": 0.5, "top_p": 0.9,
     "top_k": 40, "min_p": 0.05, "seed": 1234, "stop": ["\n\n", "END"],
@@ -285,7 +285,7 @@ TEST(CompletionRequestTest, UnsupportedOpenAiFieldsAskingForSomething) {
   expect_400(with(R"("suffix":"tail")"), "suffix", "not supported");
   expect_400(with(R"("best_of":3)"), "best_of", "best_of equal to n (1)");
   EXPECT_EQ(parse_ok(with(R"("best_of":2,"n":2)")).n, 2);
-  expect_400(with(R"("echo":true,"logprobs":1)"), "echo", "prompt's logprobs");
+  expect_400(with(R"("echo":true,"logprobs":1,"stream":true)"), "echo", "without streaming");
   expect_400(with(R"("logit_bias":{"50256":-100})"), "logit_bias", "not supported");
   expect_400(with(R"("response_format":{"type":"json_object"})"), "response_format",
              "not supported");
@@ -323,6 +323,40 @@ TEST(CompletionRequestTest, MalformedBodies) {
   EXPECT_TRUE(parse_completion_request(R"({"prompt":")" + std::string(500, '[') +
                                        R"(\"{{{"})")
                   .ok());
+}
+
+}  // namespace
+}  // namespace cleave::openai
+
+namespace cleave::openai {
+namespace {
+
+TEST(CompletionRequestTest, EchoWithLogprobsAsksForThePromptsLogprobs) {
+  const CompletionRequest r = parse_ok(with(R"("echo":true,"logprobs":3,"max_tokens":0)"));
+  EXPECT_TRUE(r.echo);
+  EXPECT_TRUE(r.echo_only);
+  EXPECT_EQ(r.sampling.params.logprobs, 3);
+  EXPECT_EQ(r.sampling.params.prompt_logprobs, 3);
+  EXPECT_FALSE(r.sampling.max_tokens);
+  const CompletionRequest g = parse_ok(with(R"("echo":true,"logprobs":0,"max_tokens":5)"));
+  EXPECT_FALSE(g.echo_only);
+  EXPECT_EQ(g.sampling.params.prompt_logprobs, 0);
+  EXPECT_EQ(*g.sampling.max_tokens, 5);
+  // Without echo nothing of the prompt is scored.
+  EXPECT_EQ(parse_ok(with(R"("logprobs":2)")).sampling.params.prompt_logprobs, -1);
+  EXPECT_EQ(parse_ok(with(R"("echo":true)")).sampling.params.prompt_logprobs, -1);
+  EXPECT_TRUE(parse_ok(with(R"("echo":true,"max_completion_tokens":0)")).echo_only);
+}
+
+TEST(CompletionRequestTest, EchoWithLogprobsErrors) {
+  expect_400(with(R"("max_tokens":0)"), "max_tokens", "0 only with echo");
+  expect_400(with(R"("echo":true,"logprobs":21,"max_tokens":0)"), "logprobs", "21");
+  expect_400(with(R"("echo":true,"logprobs":-1,"max_tokens":0)"), "logprobs");
+  expect_400(with(R"("echo":true,"max_tokens":0,"max_completion_tokens":4)"), "max_tokens",
+             "cannot be combined");
+  expect_400(with(R"("max_completion_tokens":0)"), "max_completion_tokens", "0 only with echo");
+  expect_400(with(R"("echo":true,"logprobs":2,"stream":true,"max_tokens":0)"), "echo",
+             "without streaming");
 }
 
 }  // namespace

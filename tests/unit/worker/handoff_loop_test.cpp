@@ -29,7 +29,7 @@ class CopySink : public KvExportSink {
     if (fail_after >= 0 && calls > fail_after) return false;
     const KvLayout& a = from_.kv_layout();
     const KvLayout& b = to_.kv_layout();
-    const uint64_t row = static_cast<uint64_t>(a.kv_dim()) * sizeof(float);
+    const uint64_t row = a.block_bytes() / (2 * static_cast<uint64_t>(a.block_size));
     const uint64_t v_off = static_cast<uint64_t>(a.block_size) * row;
     for (int64_t p = begin; p < end; ++p) {
       const int64_t blk = p / a.block_size, off = p % a.block_size;
@@ -196,6 +196,55 @@ TEST_F(HandoffLoopTest, DisaggregatedEqualsAloneConcurrently) {
   expect_all_blocks_back(*pre);
   expect_all_blocks_back(*dec);
   EXPECT_EQ(dec->stats().leases_expired, 0u);
+}
+
+// f16 and bf16 pools: prefill on one loop and decode on another gives exactly what one unified
+// loop of the same KV dtype gives, alone or with the others running beside it.
+TEST_F(HandoffLoopTest, DisaggregatedEqualsUnifiedForEachKvDtype) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    EngineLoopOptions po = options(128, 32), dopt = options(128, 64), uo = options(128, 24);
+    po.kv_dtype = dopt.kv_dtype = uo.kv_dtype = dtype;
+    auto pre = m_.engine(po);
+    auto dec = m_.engine(dopt);
+    auto uni = m_.engine(uo);
+    ASSERT_TRUE(pre && dec && uni);
+    EXPECT_EQ(pre->kv_layout().dtype, dtype);
+    EXPECT_EQ(pre->kv_layout().incompatibility(dec->kv_layout()), "");
+    std::mt19937 rng(21);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 6; ++i)
+      prompts.push_back(random_prompt(rng, *m_.tok, 512, 5 + static_cast<int64_t>(rng() % 90)));
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = 20;
+    p.ignore_eos = true;
+    p.logprobs = 1;
+    std::vector<Outcome> alone(prompts.size()), batched(prompts.size()), disagg(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_TRUE(run_on(*uni, EngineRequest{500 + i, prompts[i], p}, alone[i]).ok());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      threads.emplace_back([&, i] {
+        EXPECT_TRUE(run_on(*uni, EngineRequest{600 + i, prompts[i], p}, batched[i]).ok());
+      });
+      threads.emplace_back([&, i] { disagg[i] = disaggregated(*pre, *dec, 700 + i, prompts[i], p); });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string what = fmt::format("{} case {}", dtype_name(dtype), i);
+      EXPECT_EQ(alone[i].tokens.size(), 20u) << what;
+      EXPECT_EQ(batched[i].tokens, alone[i].tokens) << what;
+      EXPECT_EQ(disagg[i].tokens, alone[i].tokens) << what;
+      ASSERT_EQ(disagg[i].logprobs.size(), alone[i].logprobs.size()) << what;
+      for (size_t k = 0; k < alone[i].logprobs.size(); ++k) {
+        EXPECT_EQ(batched[i].logprobs[k].logprob, alone[i].logprobs[k].logprob) << what;
+        EXPECT_EQ(disagg[i].logprobs[k].logprob, alone[i].logprobs[k].logprob) << what;
+      }
+    }
+    expect_all_blocks_back(*pre);
+    expect_all_blocks_back(*dec);
+    expect_all_blocks_back(*uni);
+  }
 }
 
 TEST_F(HandoffLoopTest, PendingWhenDecodeIsFull) {

@@ -157,6 +157,17 @@ TEST_F(PlanTest, RangeInsideOneBlockAndEmptyRange) {
   EXPECT_EQ(out.size(), 2u);
 }
 
+TEST_F(PlanTest, F16RowsAreHalfAsLong) {
+  // engine.kv_dtype f16: a row is 12 bytes, a unit 96 (K rows at +0, V rows at +48).
+  local_.dtype = remote_.dtype = DType::kF16;
+  ASSERT_EQ(local_.block_bytes(), 96u);
+  auto w = plan({3, 4}, {7, 8}, 1, 2, 8);
+  ASSERT_EQ(w.size(), 3u);
+  expect_write(w[0], (10 + 3) * 96 + 24, (20 + 7) * 96 + 24, 24);            // K rows 2, 3
+  expect_write(w[1], (10 + 3) * 96 + 48 + 24, (20 + 7) * 96 + 48 + 24, 24);  // V rows 2, 3
+  expect_write(w[2], (10 + 4) * 96, (20 + 8) * 96, 96);                      // whole block
+}
+
 TEST_F(PlanTest, AnyChunkingCoversEveryByteOfThePositionsExactlyOnce) {
   std::mt19937 rng(3);
   const int64_t n = 37;  // 10 blocks, the last one partial
