@@ -3,7 +3,7 @@
 #include "CLI/CLI.hpp"
 
 namespace cleave::cli {
-void add_bench_command(CLI::App& app, int* exit_code);
+CLI::App* add_bench_command(CLI::App& app, int* exit_code);
 }
 
 int main(int argc, char** argv) {

@@ -1,5 +1,6 @@
 // `cleave bench transfer`: transfer-engine bandwidth and latency against a raw fi_write loop
-// (`bench serve` and `bench sweep` are in cmd_bench_serve.cpp).
+// (`bench serve` and `bench sweep` are in cmd_bench_serve.cpp; main.cpp adds them, so that the
+// standalone transfer_bench links this file alone).
 #include <fstream>
 #include <iostream>
 
@@ -10,10 +11,9 @@
 
 namespace cleave::cli {
 
-void add_bench_command(CLI::App& app, int* exit_code) {
+CLI::App* add_bench_command(CLI::App& app, int* exit_code) {
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
-  add_bench_serve_commands(bench, exit_code);
   auto* cmd = bench->add_subcommand(
       "transfer", "Write bandwidth/latency of the transfer engine vs a raw fi_write loop (two processes)");
   struct Args {
@@ -102,6 +102,7 @@ void add_bench_command(CLI::App& app, int* exit_code) {
     }
     *exit_code = 0;
   });
+  return bench;
 }
 
 }  // namespace cleave::cli

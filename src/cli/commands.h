@@ -11,7 +11,8 @@ void add_tokenize_command(CLI::App& app, int* exit_code);
 void add_convert_command(CLI::App& app, int* exit_code);
 void add_model_command(CLI::App& app, int* exit_code);  // `model synth`
 void add_config_command(CLI::App& app, int* exit_code); // `config show|table`
-void add_bench_command(CLI::App& app, int* exit_code);  // `bench transfer`, and the two below
+// Returns the `bench` subcommand, to which add_bench_serve_commands adds its own.
+CLI::App* add_bench_command(CLI::App& app, int* exit_code);  // `bench transfer`, and the two below
 void add_bench_serve_commands(CLI::App* bench, int* exit_code);  // `bench serve`, `bench sweep`
 void add_template_command(CLI::App& app, int* exit_code);  // chat templates
 void add_client_command(CLI::App& app, int* exit_code); // one request on running workers

@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   cleave::cli::add_convert_command(app, &exit_code);
   cleave::cli::add_model_command(app, &exit_code);
   cleave::cli::add_config_command(app, &exit_code);
-  cleave::cli::add_bench_command(app, &exit_code);
+  cleave::cli::add_bench_serve_commands(cleave::cli::add_bench_command(app, &exit_code),
+                                        &exit_code);
   cleave::cli::add_template_command(app, &exit_code);
   cleave::cli::add_client_command(app, &exit_code);
   cleave::cli::add_worker_command(app, &exit_code);
