@@ -52,6 +52,12 @@ std::optional<DType> dtype_from_ggml(uint32_t ggml_type) {
 
 uint32_t dtype_to_ggml(DType t) { return kGgmlIds[static_cast<size_t>(t)]; }
 
+uint32_t ggml_file_type(DType t) {
+  // In DType order: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k.
+  constexpr std::array<uint32_t, kNumDTypes> kFileTypes = {0, 1, 32, 7, 2, 3, 8, 9, 10, 11, 14, 16, 18};
+  return kFileTypes[static_cast<size_t>(t)];
+}
+
 std::optional<uint64_t> dtype_row_bytes(DType t, uint64_t n) {
   const auto& info = dtype_info(t);
   if (n % static_cast<uint64_t>(info.block_elems) != 0) return std::nullopt;

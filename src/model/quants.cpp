@@ -11,17 +11,8 @@
 namespace cleave {
 namespace {
 
-template <typename B>
-B load_block(const std::byte* row, int64_t b) {
-  B blk;
-  std::memcpy(&blk, row + b * static_cast<int64_t>(sizeof(B)), sizeof(B));
-  return blk;
-}
-
-template <typename B>
-void store_block(const B& blk, std::byte* row, int64_t b) {
-  std::memcpy(row + b * static_cast<int64_t>(sizeof(B)), &blk, sizeof(B));
-}
+using detail::load_block;
+using detail::store_block;
 
 // The 5th bits of a Q5 block, element j in bit j.
 uint32_t high_bits(const uint8_t qh[4]) {

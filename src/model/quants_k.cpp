@@ -10,18 +10,6 @@
 namespace cleave::detail {
 namespace {
 
-template <typename B>
-B load_block(const std::byte* row, int64_t b) {
-  B blk;
-  std::memcpy(&blk, row + b * static_cast<int64_t>(sizeof(B)), sizeof(B));
-  return blk;
-}
-
-template <typename B>
-void store_block(const B& blk, std::byte* row, int64_t b) {
-  std::memcpy(row + b * static_cast<int64_t>(sizeof(B)), &blk, sizeof(B));
-}
-
 int nearest(float v) { return static_cast<int>(std::lround(v)); }
 int clampi(int v, int lo, int hi) { return std::min(hi, std::max(lo, v)); }
 

@@ -42,6 +42,9 @@ std::optional<DType> parse_dtype(std::string_view name);
 // unsupported.
 std::optional<DType> dtype_from_ggml(uint32_t ggml_type);
 uint32_t dtype_to_ggml(DType t);
+// llama.cpp's general.file_type (LLAMA_FTYPE_MOSTLY_*) of a file whose matrices are all t; a
+// K-quant gives its _S kind (Q4_K -> 14).
+uint32_t ggml_file_type(DType t);
 // Bytes of a row of n elements; nullopt when n is not a whole number of blocks or overflows.
 std::optional<uint64_t> dtype_row_bytes(DType t, uint64_t n);
 

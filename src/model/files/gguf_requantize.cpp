@@ -11,26 +11,6 @@
 namespace cleave {
 namespace {
 
-// llama.cpp's LLAMA_FTYPE_MOSTLY_* for a file whose matrices are all `t` (K-quants: the _S kind).
-uint32_t file_type(DType t) {
-  switch (t) {
-    case DType::kF32: return 0;
-    case DType::kF16: return 1;
-    case DType::kQ4_0: return 2;
-    case DType::kQ4_1: return 3;
-    case DType::kQ8_0: return 7;
-    case DType::kQ5_0: return 8;
-    case DType::kQ5_1: return 9;
-    case DType::kQ2_K: return 10;
-    case DType::kQ3_K: return 11;
-    case DType::kQ4_K: return 14;
-    case DType::kQ5_K: return 16;
-    case DType::kQ6_K: return 18;
-    case DType::kBF16: return 32;
-  }
-  return 0;
-}
-
 bool is_matrix(const GgufTensorInfo& t) {
   return t.shape.size() == 2 && t.name.size() > 7 &&
          t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
@@ -44,7 +24,7 @@ Result<RequantizeReport> requantize_gguf(const std::string& in_path, const std::
   auto in = std::make_shared<GgufFile>(std::move(parsed));
   GgufWriter w(in->alignment());
   for (const auto& [key, value] : in->metadata()) w.set(key, value);
-  w.set_u32("general.file_type", file_type(dtype));
+  w.set_u32("general.file_type", ggml_file_type(dtype));
   RequantizeReport report;
   for (const GgufTensorInfo& t : in->tensors()) {
     if (!is_matrix(t)) {

@@ -66,26 +66,6 @@ std::vector<std::byte> ones_f32(int64_t n) {
   return out;
 }
 
-uint32_t ggml_file_type(DType dt) {
-  switch (dt) {
-    case DType::kF32: return 0;
-    case DType::kF16: return 1;
-    case DType::kQ8_0: return 7;
-    case DType::kBF16: return 32;
-    // llama.cpp's LLAMA_FTYPE_MOSTLY_*: a file of one K-quant is its _S variant.
-    case DType::kQ4_0: return 2;
-    case DType::kQ4_1: return 3;
-    case DType::kQ5_0: return 8;
-    case DType::kQ5_1: return 9;
-    case DType::kQ2_K: return 10;
-    case DType::kQ3_K: return 11;
-    case DType::kQ4_K: return 14;
-    case DType::kQ5_K: return 16;
-    case DType::kQ6_K: return 18;
-  }
-  return 0;
-}
-
 }  // namespace
 
 std::string validate_synth_options(const SynthOptions& o) {
