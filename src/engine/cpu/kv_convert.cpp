@@ -8,6 +8,8 @@
 #define CLEAVE_KV_X86 1
 #endif
 
+#include "kernel_set.h"
+
 namespace cleave::cpu {
 namespace {
 
@@ -31,10 +33,9 @@ __attribute__((target("avx2,f16c"))) void load_f16_f16c(const std::byte* src, fl
   load_f16_generic(src + 2 * i, dst + i, n - i);
 }
 
-bool have_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  return yes;
-}
+// The AVX2 kernel set's check (AVX2, FMA and F16C, F16C through cpuid: clang's
+// __builtin_cpu_supports does not know "f16c").
+bool have_f16c() { return detail::cpu_has_avx2_kernels(); }
 #endif
 
 }  // namespace
