@@ -53,7 +53,9 @@ fi
 PIP_PINNED=(kubernetes-validate==1.37.0)
 pinned_missing=()
 for spec in "${PIP_PINNED[@]}"; do
-  python3 -m pip show "${spec%%==*}" 2>/dev/null | grep -qx "Version: ${spec##*==}" ||
+  # (sed reads all of pip's output: grep -q would stop early, and pipefail would count pip's
+  # broken pipe as a missing package)
+  [ "$(python3 -m pip show "${spec%%==*}" 2>/dev/null | sed -n 's/^Version: //p')" = "${spec##*==}" ] ||
     pinned_missing+=("$spec")
 done
 if [ "${#pinned_missing[@]}" -gt 0 ]; then
