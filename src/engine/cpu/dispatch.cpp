@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <vector>
 
 #include "cleave/engine/cpu_kernels.h"
 #include "cleave/model/quants.h"
@@ -100,13 +99,7 @@ float dot_row(const TensorView& w, int64_t r, const float* x) {
   const detail::KernelSet& set = detail::active_kernels();
   float y = 0.0f;
   if (uses_int_path(w.dtype)) {
-    std::vector<int8_t> q(static_cast<size_t>(n));
-    std::vector<float> d(static_cast<size_t>(n / kQK));
-    std::vector<int16_t> sum16(static_cast<size_t>(n / 16));
-    std::vector<float> sum32(static_cast<size_t>(n / kQK));
-    set.quantize_acts(x, n, 1, n, q.data(), d.data(), sum16.data(), sum32.data());
-    set.qdot(w.dtype, row, row_bytes, 1, {q.data(), d.data(), sum16.data(), sum32.data(), n}, 1,
-             &y, 0);
+    set.qdot(w.dtype, row, row_bytes, 1, detail::quantize_to_scratch(set, x, n, 1, n), 1, &y, 0);
     return y;
   }
   set.dot_tile[static_cast<size_t>(w.dtype)](row, row_bytes, 1, x, 0, 1, n, &y, 0);

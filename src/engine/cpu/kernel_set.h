@@ -110,6 +110,11 @@ void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t n
 // cpu_has_avx512_kernels()).
 bool cpu_has_avx512_vnni();
 
+// Quantises n_tokens rows with set.quantize_acts into the calling thread's scratch buffers
+// (matmul.cpp), valid until that thread's next call.
+QuantActs quantize_to_scratch(const KernelSet& set, const float* x, int64_t x_stride,
+                              int64_t n_tokens, int64_t n);
+
 const KernelSet& generic_kernels();
 // Only valid to call when the CPU has AVX2, FMA and F16C.
 const KernelSet& avx2_kernels();

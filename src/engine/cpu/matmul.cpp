@@ -13,13 +13,9 @@
 #include "kernel_set.h"
 
 namespace cleave::cpu {
+namespace detail {
+
 namespace {
-
-// Below this many multiply-adds a parallel_for costs more than it saves.
-constexpr int64_t kMinMacsPerChunk = 32 * 1024;
-// Bytes of weight rows kept hot while every token of the batch passes over them.
-constexpr uint64_t kRowBlockBytes = 32 * 1024;
-
 // The calling thread's quantised activations (the pool's threads only read them).
 struct ActScratch {
   std::vector<int8_t> q;
@@ -27,9 +23,10 @@ struct ActScratch {
   std::vector<int16_t> sum16;
   std::vector<float> sum32;
 };
+}  // namespace
 
-detail::QuantActs quantize_acts(const detail::KernelSet& set, const float* x, int64_t in_stride,
-                                int64_t n_tokens, int64_t n) {
+QuantActs quantize_to_scratch(const KernelSet& set, const float* x, int64_t x_stride,
+                              int64_t n_tokens, int64_t n) {
   thread_local ActScratch s;
   const auto total = static_cast<size_t>(n_tokens * n);
   if (s.q.size() < total) {
@@ -38,10 +35,19 @@ detail::QuantActs quantize_acts(const detail::KernelSet& set, const float* x, in
     s.sum16.resize(total / 16);
     s.sum32.resize(total / kQK);
   }
-  set.quantize_acts(x, in_stride, n_tokens, n, s.q.data(), s.d.data(), s.sum16.data(),
+  set.quantize_acts(x, x_stride, n_tokens, n, s.q.data(), s.d.data(), s.sum16.data(),
                     s.sum32.data());
   return {s.q.data(), s.d.data(), s.sum16.data(), s.sum32.data(), n};
 }
+
+}  // namespace detail
+
+namespace {
+
+// Below this many multiply-adds a parallel_for costs more than it saves.
+constexpr int64_t kMinMacsPerChunk = 32 * 1024;
+// Bytes of weight rows kept hot while every token of the batch passes over them.
+constexpr uint64_t kRowBlockBytes = 32 * 1024;
 
 void matmul_int(ThreadPool& pool, const detail::KernelSet& set, const TensorView& w,
                 const float* x, int64_t in_stride, int64_t n_tokens, float* y,
@@ -49,7 +55,7 @@ void matmul_int(ThreadPool& pool, const detail::KernelSet& set, const TensorView
   const int64_t rows = w.rows();
   const int64_t n = w.cols();
   const uint64_t row_bytes = *dtype_row_bytes(w.dtype, static_cast<uint64_t>(n));
-  const detail::QuantActs acts = quantize_acts(set, x, in_stride, n_tokens, n);
+  const detail::QuantActs acts = detail::quantize_to_scratch(set, x, in_stride, n_tokens, n);
   auto run_rows = [&](int64_t r_begin, int64_t r_end) {
     set.qdot(w.dtype, w.data + static_cast<uint64_t>(r_begin) * row_bytes, row_bytes,
              r_end - r_begin, acts, n_tokens, y + r_begin, out_stride);
