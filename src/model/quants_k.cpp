@@ -45,7 +45,60 @@ int q3k_scale(const uint8_t* s, int j) {
   return low | (high << 4);
 }
 
-// Sub-block ranges to integer sub-scales and mins on one super-block grid: for formats whose
+// The scale s >= 0 and min m >= 0 of one sub-block for values s * q - m, q in [0, levels - 1],
+// that give the least squared error among a set of candidates: for each candidate step (the
+// block's range over levels - 1 + delta, delta in [-1, 1]: a smaller step clips the extremes
+// to resolve the bulk better), the levels are rounded and (s, m) refitted by least squares on
+// them. delta = 0 is plain range-over-levels rounding, so the result is never worse than it.
+struct SubAffine {
+  float scale, min;
+};
+SubAffine fit_sub_affine(const float* x, int n, int levels) {
+  float lo = 0.0f, hi = x[0];
+  for (int i = 0; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+  }
+  hi = std::max(hi, lo);
+  if (hi == lo) return {0.0f, -lo};
+  SubAffine best{(hi - lo) / static_cast<float>(levels - 1), -lo};
+  double best_err = -1.0;
+  constexpr int kSteps = 20;
+  for (int k = 0; k <= kSteps; ++k) {
+    const float delta = -1.0f + 2.0f * static_cast<float>(k) / kSteps;
+    const float iscale = (static_cast<float>(levels - 1) + delta) / (hi - lo);
+    double sq = 0, sx = 0, sqq = 0, sqx = 0;
+    int q[32];
+    for (int i = 0; i < n; ++i) {
+      q[i] = clampi(nearest(iscale * (x[i] - lo)), 0, levels - 1);
+      sq += q[i];
+      sx += x[i];
+      sqq += static_cast<double>(q[i]) * q[i];
+      sqx += static_cast<double>(q[i]) * x[i];
+    }
+    const double det = n * sqq - sq * sq;
+    if (det <= 0) continue;
+    double sc = (n * sqx - sq * sx) / det;
+    double off = (sx - sc * sq) / n;  // x ~ sc * q + off, off = -min <= 0
+    if (off > 0) {
+      off = 0;
+      sc = sqq > 0 ? sqx / sqq : 0;
+    }
+    if (sc <= 0) continue;
+    double err = 0;
+    for (int i = 0; i < n; ++i) {
+      const double d = sc * q[i] + off - x[i];
+      err += d * d;
+    }
+    if (best_err < 0 || err < best_err) {
+      best_err = err;
+      best = {static_cast<float>(sc), static_cast<float>(-off)};
+    }
+  }
+  return best;
+}
+
+// Sub-block fits to integer sub-scales and mins on one super-block grid: for formats whose
 // values are d * sc * q - dmin * m with q in [0, levels - 1] and sc, m in [0, smax].
 struct AffineGrid {
   float d, dmin;
@@ -54,13 +107,9 @@ struct AffineGrid {
 AffineGrid affine_grid(const float* x, int sub, int nsub, int levels, int smax) {
   float scale[16], min[16], max_scale = 0.0f, max_min = 0.0f;
   for (int j = 0; j < nsub; ++j) {
-    float lo = 0.0f, hi = x[j * sub];
-    for (int i = 0; i < sub; ++i) {
-      lo = std::min(lo, x[j * sub + i]);
-      hi = std::max(hi, x[j * sub + i]);
-    }
-    scale[j] = (std::max(hi, lo) - lo) / static_cast<float>(levels - 1);
-    min[j] = -lo;
+    const SubAffine f = fit_sub_affine(x + j * sub, sub, levels);
+    scale[j] = f.scale;
+    min[j] = f.min;
     max_scale = std::max(max_scale, scale[j]);
     max_min = std::max(max_min, min[j]);
   }
@@ -80,22 +129,56 @@ int affine_level(float x, float dl, float ml, int levels) {
 }
 
 // Signed sub-scales for formats whose values are d * sc * q with q in [-half, half - 1] and
-// sc in [-smax - 1, smax]: each sub-block's scale maps its value of largest magnitude onto -half.
+// sc in [-smax - 1, smax].
 struct SymmetricGrid {
   float d;
   int sc[16];
 };
+// The scale of one 16-element sub-block for values s * q, q in [-half, half - 1], with the
+// least squared error among candidates: the value of largest magnitude mapped onto
+// -(half + delta), delta in [-1, 1], levels rounded and s refitted by least squares on them
+// (delta = 0 is plain max-over-half rounding, so the result is never worse than it).
+float fit_sub_symmetric(const float* x, int half) {
+  float amax = 0.0f, max = 0.0f;
+  for (int i = 0; i < 16; ++i) {
+    if (std::fabs(x[i]) > amax) {
+      amax = std::fabs(x[i]);
+      max = x[i];
+    }
+  }
+  if (amax == 0.0f) return 0.0f;
+  float best = max / -static_cast<float>(half);
+  double best_err = -1.0;
+  constexpr int kSteps = 20;
+  for (int k = 0; k <= kSteps; ++k) {
+    const float delta = -1.0f + 2.0f * static_cast<float>(k) / kSteps;
+    const float iscale = -(static_cast<float>(half) + delta) / max;
+    double sqq = 0, sqx = 0;
+    int q[16];
+    for (int i = 0; i < 16; ++i) {
+      q[i] = clampi(nearest(iscale * x[i]), -half, half - 1);
+      sqq += static_cast<double>(q[i]) * q[i];
+      sqx += static_cast<double>(q[i]) * x[i];
+    }
+    if (sqq <= 0) continue;
+    const double sc = sqx / sqq;
+    double err = 0;
+    for (int i = 0; i < 16; ++i) {
+      const double d = sc * q[i] - x[i];
+      err += d * d;
+    }
+    if (best_err < 0 || err < best_err) {
+      best_err = err;
+      best = static_cast<float>(sc);
+    }
+  }
+  return best;
+}
+
 SymmetricGrid symmetric_grid(const float* x, int half, int smax) {
   float scale[16], max_scale = 0.0f;
   for (int j = 0; j < 16; ++j) {
-    float amax = 0.0f, max = 0.0f;
-    for (int i = 0; i < 16; ++i) {
-      if (std::fabs(x[j * 16 + i]) > amax) {
-        amax = std::fabs(x[j * 16 + i]);
-        max = x[j * 16 + i];
-      }
-    }
-    scale[j] = max / -static_cast<float>(half);
+    scale[j] = fit_sub_symmetric(x + j * 16, half);
     if (std::fabs(scale[j]) > std::fabs(max_scale)) max_scale = scale[j];
   }
   SymmetricGrid g{};

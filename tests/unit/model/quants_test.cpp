@@ -157,6 +157,37 @@ TEST(QuantsTest, RoundTripErrorIsWithinEachFormatsResolution) {
   }
 }
 
+// Weights as trained models have them: Gaussian (Box-Muller over a fixed LCG, so the values
+// are the same with every standard library).
+std::vector<float> gaussian_weights(int64_t n) {
+  std::vector<float> x(static_cast<size_t>(n));
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  auto uniform = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (static_cast<double>(state >> 11) + 0.5) / 9007199254740992.0;
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(0.02 * std::sqrt(-2.0 * std::log(uniform())) *
+                              std::cos(6.283185307179586 * uniform()));
+  }
+  return x;
+}
+
+TEST(QuantsTest, KQuantScaleSearchBeatsRangeRounding) {
+  // Each bound lies between the error of plain range rounding (sub-block scale = range over
+  // the levels, the encoder before the search) and that of the least-squares search; Q4_K at
+  // 4.5 bits per weight must beat Q4_1 at 5, as llama.cpp's Q4_K does.
+  const std::vector<float> x = gaussian_weights(256 * 1024);
+  struct Bound {
+    DType t;
+    double max_rel;  // range rounding gave: Q2_K 0.328, Q3_K 0.155, Q5_K 0.0382, Q6_K 0.0188
+  };
+  const Bound bounds[] = {{DType::kQ2_K, 0.29}, {DType::kQ3_K, 0.150}, {DType::kQ5_K, 0.0370},
+                          {DType::kQ6_K, 0.0182}};
+  for (const auto& b : bounds) EXPECT_LT(rms_error(b.t, x), b.max_rel) << name(b.t);
+  EXPECT_LT(rms_error(DType::kQ4_K, x), 0.95 * rms_error(DType::kQ4_1, x));
+}
+
 TEST(QuantsTest, EncodingDecodedValuesAgainChangesNothingForLegacyFormats) {
   // A decoded legacy block is on its own grid, so encoding it again must give the same values.
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0}) {
