@@ -245,11 +245,14 @@ class WorkerDrainTest(unittest.TestCase):
         w = self.carrier(stream)
         sent_at = time.monotonic()
         w.p.send_signal(signal.SIGTERM)
-        code = w.p.wait(timeout=20)
+        code = w.p.wait(timeout=40)
         took = time.monotonic() - sent_at
         self.assertEqual(code, 0, w.tail())
         self.assertGreater(took, 1.5, "exited before the drain time was up")
-        self.assertLess(took, 2 + 8, w.tail())
+        # 2 s of drain, then shutdown (the gRPC server gives in-flight calls up to 5 s). On a
+        # loaded 2-core CI run the drain loop and the shutdown have been seen to take 11 s; the
+        # stream itself runs far longer, and the checks below show that it was cut short.
+        self.assertLess(took, 2 + 18, w.tail())
         self.assertIn("still in flight", w.log_text())
         stream.join(timeout=30)
         self.assertLess(stream.tokens, 4000)
