@@ -13,6 +13,7 @@ APT_PACKAGES=(
   libfabric-dev                     # transfer engine (tcp, shm, verbs, efa providers)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # control plane, gRPC API
   libboost1.81-dev                  # Boost.Beast/Asio: the router's HTTP frontend
+  iproute2 nftables                 # multi-host fault tests: network namespaces, loss, partitions
 )
 
 SUDO=""
