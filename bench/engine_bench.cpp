@@ -2,7 +2,7 @@
 // the floor that memory bandwidth sets for decode (every weight byte read once per token).
 //
 //   engine_bench --model FILE [--model FILE2 ...] [--threads N] [--prompt-tokens P]
-//                [--gen-tokens G] [--json FILE]
+//                [--gen-tokens G] [--kv-dtype f32,f16,bf16] [--json FILE]
 //
 // With several models (e.g. one model in F16, Q8_0, Q6_K, Q4_K and Q4_1, made with `cleave
 // convert --to gguf --dtype T`), each is measured in turn and a table of every model's decode and
@@ -11,6 +11,9 @@
 //
 // The prompt is P deterministic token ids; decode continues greedily for G tokens. A short
 // warm-up run first faults the mmapped weights in, so the timings are steady-state rates.
+// --kv-dtype lists KV cache dtypes (engine.kv_dtype): each model is measured with each, and the
+// table gives each run's decode rate over the first dtype's for that model (a long prompt,
+// e.g. --prompt-tokens 1536, shows what halving the attention reads is worth).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include "cleave/engine/cpu_kernels.h"
 #include "cleave/engine/llama_model.h"
 #include "cleave/kvcache/kv_block_pool.h"
+#include "cleave/model/dtype.h"
 #include "cleave/model/model_file.h"
 #include "bench_flags.h"
 #include "bench_json.h"
@@ -39,6 +43,8 @@ struct Options {
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 64;
   std::string json;
+  std::vector<cleave::DType> kv_dtypes{cleave::DType::kF32};
+  cleave::DType kv_dtype = cleave::DType::kF32;  // the one being measured
 };
 
 struct Figures {
@@ -55,7 +61,7 @@ struct Figures {
 
 constexpr const char* kUsage =
     "usage: engine_bench --model FILE [--model FILE2 ...] [--threads N] [--prompt-tokens P] "
-    "[--gen-tokens G] [--json FILE]";
+    "[--gen-tokens G] [--kv-dtype f32,f16,bf16] [--json FILE]";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -66,7 +72,20 @@ Options parse(int argc, char** argv) {
     else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(1);
     else if (f.is("--gen-tokens")) o.gen_tokens = f.integer(1);
     else if (f.is("--json")) o.json = f.value();
-    else f.unknown();
+    else if (f.is("--kv-dtype")) {
+      o.kv_dtypes.clear();
+      std::string list = f.value();
+      for (size_t start = 0; start <= list.size();) {
+        const size_t comma = std::min(list.find(',', start), list.size());
+        const std::string name = list.substr(start, comma - start);
+        const auto t = cleave::parse_dtype(name);
+        if (!t || (*t != cleave::DType::kF32 && *t != cleave::DType::kF16 &&
+                   *t != cleave::DType::kBF16))
+          f.fail("--kv-dtype: '" + name + "' is not one of f32, f16, bf16");
+        o.kv_dtypes.push_back(*t);
+        start = comma + 1;
+      }
+    } else f.unknown();
   }
   if (o.models.empty()) f.fail("--model is required");
   return o;
@@ -109,7 +128,8 @@ cleave::Status run(const Options& o, Figures& f) {
   constexpr int64_t kBlockSize = 16;
   const int64_t blocks = (o.prompt_tokens + o.gen_tokens + kBlockSize - 1) / kBlockSize;
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<cleave::KvBlockPool> kv,
-                          cleave::KvBlockPool::create(model->kv_layout(kBlockSize, blocks)));
+                          cleave::KvBlockPool::create(model->kv_layout(kBlockSize, blocks,
+                                                                       o.kv_dtype)));
   std::vector<cleave::BlockId> table;
   CLEAVE_RETURN_IF_ERROR(kv->allocate(blocks, table));
 
@@ -138,6 +158,7 @@ cleave::Status run(const Options& o, Figures& f) {
 
   fmt::print("model:                 {}\n", o.model);
   fmt::print("kernels / threads:     {} / {}\n", cleave::cpu::kernel_isa(), model->pool().size());
+  fmt::print("kv dtype:              {}\n", cleave::dtype_name(o.kv_dtype));
   fmt::print("load:                  {:.3f} s\n", f.load_s);
   fmt::print("prefill:               {:.1f} tok/s ({} tokens)\n", f.prefill_tok_s, o.prompt_tokens);
   fmt::print("decode:                {:.1f} tok/s ({} tokens)\n", f.decode_tok_s, o.gen_tokens);
@@ -152,15 +173,18 @@ cleave::Status run(const Options& o, Figures& f) {
              f.read_bytes_per_s / 1e9, f.read_floor_tok_s, f.decode_tok_s / f.read_floor_tok_s);
 
   if (!o.json.empty()) {
-    std::FILE* out = std::fopen(o.json.c_str(), o.model == o.models.front() ? "w" : "a");
+    const bool first = o.model == o.models.front() && o.kv_dtype == o.kv_dtypes.front();
+    std::FILE* out = std::fopen(o.json.c_str(), first ? "w" : "a");
     if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
     fmt::print(out,
-               "{{\"model\": {}, \"kernels\": \"{}\", \"threads\": {}, \"prompt_tokens\": {}, "
+               "{{\"model\": {}, \"kv_dtype\": \"{}\", \"kernels\": \"{}\", \"threads\": {}, "
+               "\"prompt_tokens\": {}, "
                "\"gen_tokens\": {}, \"load_seconds\": {:.6f}, \"prefill_tokens_per_s\": {:.3f}, "
                "\"decode_tokens_per_s\": {:.3f}, \"weight_bytes_per_token\": {}, "
                "\"copy_bandwidth_bytes_per_s\": {:.0f}, \"bandwidth_floor_tokens_per_s\": {:.3f}, "
                "\"decode_over_floor\": {:.4f}, \"read_bandwidth_bytes_per_s\": {:.0f}}}\n",
-               cleave::bench::json_string(o.model), cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
+               cleave::bench::json_string(o.model), cleave::dtype_name(o.kv_dtype),
+               cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
                o.gen_tokens, f.load_s, f.prefill_tok_s, f.decode_tok_s,
                f.weight_bytes_per_token, f.copy_bytes_per_s, f.floor_tok_s,
                f.decode_over_floor, f.read_bytes_per_s);
@@ -174,26 +198,38 @@ cleave::Status run(const Options& o, Figures& f) {
 
 int main(int argc, char** argv) {
   Options o = parse(argc, argv);
-  std::vector<Figures> all;
-  for (const std::string& m : o.models) {
-    o.model = m;
+  struct Run {
+    std::string model;
+    cleave::DType kv_dtype;
     Figures f;
-    const cleave::Status st = run(o, f);
-    if (!st.ok()) {
-      fmt::print(stderr, "engine_bench: {}\n", st.to_string());
-      return 1;
+  };
+  std::vector<Run> all;
+  for (const std::string& m : o.models) {
+    for (cleave::DType kv : o.kv_dtypes) {
+      o.model = m;
+      o.kv_dtype = kv;
+      Figures f;
+      const cleave::Status st = run(o, f);
+      if (!st.ok()) {
+        fmt::print(stderr, "engine_bench: {}\n", st.to_string());
+        return 1;
+      }
+      all.push_back({m, kv, f});
+      fmt::print("\n");
     }
-    all.push_back(f);
-    if (o.models.size() > 1) fmt::print("\n");
   }
-  if (o.models.size() > 1) {
-    fmt::print("{:<44} {:>9} {:>12} {:>12} {:>12} {:>10}\n", "model", "MiB/tok", "decode tok/s",
-               "read floor", "decode/floor", "prefill");
-    for (size_t i = 0; i < all.size(); ++i) {
-      const Figures& f = all[i];
-      fmt::print("{:<44} {:>9.1f} {:>12.1f} {:>12.1f} {:>12.3f} {:>10.1f}\n", o.models[i],
+  if (all.size() > 1) {
+    fmt::print("{:<44} {:>4} {:>9} {:>12} {:>12} {:>12} {:>10} {:>12}\n", "model", "kv", "MiB/tok",
+               "decode tok/s", "read floor", "decode/floor", "prefill", "decode/kv[0]");
+    for (const Run& r : all) {
+      const Figures& f = r.f;
+      const auto first = std::find_if(all.begin(), all.end(),
+                                      [&](const Run& x) { return x.model == r.model; });
+      fmt::print("{:<44} {:>4} {:>9.1f} {:>12.1f} {:>12.1f} {:>12.3f} {:>10.1f} {:>12.3f}\n",
+                 r.model, cleave::dtype_name(r.kv_dtype),
                  static_cast<double>(f.weight_bytes_per_token) / (1 << 20), f.decode_tok_s,
-                 f.read_floor_tok_s, f.decode_tok_s / f.read_floor_tok_s, f.prefill_tok_s);
+                 f.read_floor_tok_s, f.decode_tok_s / f.read_floor_tok_s, f.prefill_tok_s,
+                 f.decode_tok_s / first->f.decode_tok_s);
     }
   }
   return 0;
