@@ -7,7 +7,6 @@
 #include "cleave/common/log.h"
 #include "cleave/kvcache/prefix_hash.h"
 #include "cleave/worker/worker_client.h"
-#include "cleave/worker/worker_service.h"
 #include "fmt/format.h"
 
 namespace cleave::router {
