@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "cleave/common/log.h"
+#include "cleave/control/worker_client.h"
 #include "cleave/model/model_file.h"
 #include "cleave/model/tokenizer.h"
-#include "cleave/worker/worker_client.h"
 #include "commands.h"
 #include "fmt/format.h"
 #include "nlohmann/json.hpp"

@@ -65,4 +65,9 @@ std::vector<uint64_t> hash_full_blocks(std::span<const int32_t> tokens, int64_t 
   return keys;
 }
 
+uint64_t prefix_hash_seed_for_model(std::string_view model_fingerprint) {
+  std::vector<int32_t> ids(model_fingerprint.begin(), model_fingerprint.end());
+  return hash_block(kPrefixHashSeed, ids);
+}
+
 }  // namespace cleave

@@ -23,14 +23,11 @@
 #include "cleave/engine/sampler.h"
 #include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/tokenizer.h"
+#include "cleave/request/request.h"
 
 namespace cleave {
 
-enum class FinishReason : uint8_t {
-  kStop,       // end-of-generation token, stop token id or stop string
-  kLength,     // max_tokens reached, or the context is full
-  kCancelled,  // the token callback returned false
-};
+// FinishReason: request/request.h.
 std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
 
 struct GenerationStats {

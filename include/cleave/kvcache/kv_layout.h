@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "cleave/model/dtype.h"
 #include "cleave/model/model_config.h"
@@ -50,5 +51,12 @@ struct KvLayout {
   std::string incompatibility(const KvLayout& other) const;
   std::string to_string() const;
 };
+
+// Empty when a prefill worker with (local_fingerprint, local) may write into a decode worker
+// with (remote_fingerprint, remote), else one message naming every field that differs with both
+// values, e.g. "model fingerprint differs (prefill 1a2b..., decode 9f8e...); block_size differs
+// (prefill 16, decode 32)". num_blocks may differ.
+std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
+                             std::string_view remote_fingerprint, const KvLayout& remote);
 
 }  // namespace cleave

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace cleave {
@@ -21,5 +22,10 @@ uint64_t hash_block(uint64_t parent, std::span<const int32_t> tokens);
 // block_size < 1.
 std::vector<uint64_t> hash_full_blocks(std::span<const int32_t> tokens, int64_t block_size,
                                        uint64_t seed = kPrefixHashSeed);
+
+// The seed of a worker's prefix-cache hash chains: kPrefixHashSeed with the model fingerprint
+// mixed in (hash_block(kPrefixHashSeed, the fingerprint's bytes as ids)), so that two models
+// never share keys while every worker (and a router) derives the same keys for one model.
+uint64_t prefix_hash_seed_for_model(std::string_view model_fingerprint);
 
 }  // namespace cleave

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "cleave/common/status.h"
-#include "cleave/engine/sampler.h"
+#include "cleave/request/sampling_params.h"
 #include "cleave/v1/worker.pb.h"
 
 namespace cleave::router {

@@ -4,7 +4,7 @@
 // OpenAI body it stands for), plus grpc.health.v1.Health (NOT_SERVING until the dispatcher is
 // ready).
 //
-// Each Generate is a callback-API reactor driving one Exchange (http/exchange.h) on the gRPC
+// Each Generate is a callback-API reactor driving one Exchange (frontend/exchange.h) on the gRPC
 // wire: dispatcher callbacks append deltas under the exchange's lock and post a wake-up to the
 // server's output thread ("grpc-out"), which takes the pending message and starts its write when
 // none is in flight. No thread is held per call and nothing blocks on a client. A call the

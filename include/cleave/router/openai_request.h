@@ -32,7 +32,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cleave/engine/sampler.h"
+#include "cleave/request/sampling_params.h"
 #include "cleave/router/openai_error.h"
 
 namespace cleave::openai {

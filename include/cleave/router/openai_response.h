@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cleave/engine/generator.h"
+#include "cleave/request/request.h"
 #include "cleave/router/openai_error.h"
 
 namespace cleave::openai {

@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-#include "cleave/engine/generator.h"
+#include "cleave/request/request.h"
 #include "cleave/router/openai_error.h"
 #include "cleave/router/openai_response.h"
 

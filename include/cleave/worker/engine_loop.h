@@ -57,11 +57,12 @@
 #include "cleave/engine/sampler.h"
 #include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/tokenizer.h"
+#include "cleave/request/request.h"
 #include "cleave/scheduler/scheduler.h"
 
 namespace cleave {
 
-using RequestId = uint64_t;
+// RequestId: request/request.h.
 
 struct EngineLoopOptions {
   int64_t block_size = 16;                  // tokens per KV block

@@ -33,12 +33,7 @@ struct KvDestination {
   std::chrono::milliseconds lease{0};
 };
 
-// Empty when a prefill worker with (local_fingerprint, local) may write into a decode worker
-// with (remote_fingerprint, remote), else one message naming every field that differs with both
-// values, e.g. "model fingerprint differs (prefill 1a2b..., decode 9f8e...); block_size differs
-// (prefill 16, decode 32)". num_blocks may differ.
-std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
-                             std::string_view remote_fingerprint, const KvLayout& remote);
+// pairing_mismatch: kvcache/kv_layout.h.
 
 // Appends to `out` the writes that copy K/V of positions [begin, end) of `layer` from the local
 // pool (registered as `local_region`, blocks `local_blocks` in position order) into the

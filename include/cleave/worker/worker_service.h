@@ -29,7 +29,9 @@
 #include <string_view>
 
 #include "cleave/common/config.h"
+#include "cleave/common/listen_address.h"
 #include "cleave/common/status.h"
+#include "cleave/kvcache/prefix_hash.h"
 #include "cleave/worker/engine_loop.h"
 
 namespace cleave {
@@ -39,17 +41,8 @@ std::string_view worker_role_name(WorkerRole r);  // "prefill", "decode", "unifi
 // InvalidArgument naming the value and the choices.
 Result<WorkerRole> parse_worker_role(std::string_view name);
 
-// The seed of a worker's prefix-cache hash chains: kPrefixHashSeed with the model fingerprint
-// mixed in (hash_block(kPrefixHashSeed, the fingerprint's bytes as ids)), so that two models
-// never share keys while every worker (and a router) derives the same keys for one model.
-uint64_t prefix_hash_seed_for_model(std::string_view model_fingerprint);
-
-// "HOST:PORT" ("[::1]:PORT" for IPv6) split and checked; InvalidArgument naming the value.
-struct ListenAddress {
-  std::string host;
-  int port = 0;
-};
-Result<ListenAddress> parse_listen_address(std::string_view text);
+// prefix_hash_seed_for_model: kvcache/prefix_hash.h; ListenAddress, parse_listen_address:
+// common/listen_address.h.
 
 class WorkerServer {
  public:

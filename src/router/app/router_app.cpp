@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <thread>
 
+#include "cleave/common/listen_address.h"
 #include "cleave/common/log.h"
 #include "cleave/common/rlimit.h"
 #include "cleave/model/default_model.h"
-#include "cleave/worker/worker_service.h"
 #include "fmt/format.h"
 
 namespace cleave::router {

@@ -17,9 +17,9 @@
 #include <set>
 #include <thread>
 
+#include "cleave/common/listen_address.h"
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
-#include "cleave/worker/worker_service.h"
 #include "fmt/format.h"
 
 namespace cleave::router {

@@ -5,7 +5,7 @@
 #include <random>
 
 #include "cleave/common/log.h"
-#include "cleave/worker/proto_convert.h"
+#include "cleave/control/proto_convert.h"
 #include "fmt/format.h"
 
 namespace cleave::router {

@@ -1,7 +1,7 @@
 // Names and validation of the dispatch settings.
 #include "cleave/router/dispatch_options.h"
 
-#include "cleave/worker/worker_service.h"
+#include "cleave/common/listen_address.h"
 #include "fmt/format.h"
 
 namespace cleave::router {

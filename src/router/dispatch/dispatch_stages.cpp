@@ -3,7 +3,7 @@
 #include <chrono>
 
 #include "cleave/common/log.h"
-#include "cleave/worker/proto_convert.h"
+#include "cleave/control/proto_convert.h"
 #include "dispatch/dispatch_call.h"
 #include "fmt/format.h"
 

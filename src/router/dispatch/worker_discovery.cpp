@@ -11,7 +11,7 @@
 
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
-#include "cleave/worker/proto_convert.h"
+#include "cleave/control/proto_convert.h"
 #include "fmt/format.h"
 
 namespace cleave::router {

@@ -5,9 +5,9 @@
 #include <algorithm>
 
 #include "cleave/common/log.h"
+#include "cleave/control/channel.h"
+#include "cleave/control/worker_client.h"
 #include "cleave/kvcache/prefix_hash.h"
-#include "cleave/worker/worker_client.h"
-#include "cleave/worker/worker_service.h"
 #include "fmt/format.h"
 
 namespace cleave::router {
@@ -19,21 +19,6 @@ std::string_view pool_role_name(PoolRole role) {
     case PoolRole::kDecode: return "decode";
   }
   return "unknown";
-}
-
-std::shared_ptr<grpc::Channel> make_worker_channel(const std::string& address) {
-  grpc::ChannelArguments args;
-  // The control plane is internal: never through an HTTP proxy from the environment.
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
-  args.SetMaxReceiveMessageSize(64 << 20);
-  // A restarted worker is found again within a probe or two, not after minutes of backoff.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
 WorkerEndpoint::WorkerEndpoint(uint64_t k, PoolRole r, std::string addr)

@@ -131,7 +131,4 @@ class WorkerPools {
   uint64_t hash_seed_ = 0;
 };
 
-// A channel to `address` as the control plane wants it (no proxy, keepalive, quick reconnect).
-std::shared_ptr<grpc::Channel> make_worker_channel(const std::string& address);
-
 }  // namespace cleave::router

@@ -18,12 +18,12 @@
 
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
+#include "cleave/control/proto_convert.h"
 #include "cleave/v1/inference.grpc.pb.h"
-#include "cleave/worker/proto_convert.h"
+#include "frontend/api_key.h"
+#include "frontend/exchange.h"
+#include "frontend/router_metrics.h"
 #include "grpc/grpc_request.h"
-#include "http/exchange.h"
-#include "http/http_routes.h"
-#include "http/router_metrics.h"
 
 namespace cleave::router {
 namespace {

@@ -2,7 +2,7 @@
 // chunks of one choice merge into one delta while the reactor has not taken the message, so a
 // client reading slower than tokens arrive gets fewer, larger messages.
 #include "cleave/router/json_writer.h"
-#include "http/exchange.h"
+#include "frontend/exchange.h"
 
 namespace cleave::router {
 namespace {

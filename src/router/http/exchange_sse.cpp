@@ -2,7 +2,7 @@
 #include <span>
 
 #include "cleave/router/openai_stream.h"
-#include "exchange.h"
+#include "frontend/exchange.h"
 
 namespace cleave::router {
 namespace {

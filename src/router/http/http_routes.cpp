@@ -1,9 +1,10 @@
-// Route table, API key check, and the non-completion endpoints.
+// Route table and the non-completion endpoints (the API key check: frontend/api_key.h).
 #include "http_routes.h"
 
 #include <fmt/format.h>
 
 #include "cleave/router/json_writer.h"
+#include "frontend/api_key.h"
 
 namespace cleave::router {
 namespace {
@@ -14,25 +15,6 @@ constexpr std::string_view kModels = "/v1/models";
 constexpr std::string_view kModelsPrefix = "/v1/models/";
 constexpr std::string_view kHealth = "/health";
 constexpr std::string_view kMetrics = "/metrics";
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c + 32) : c; };
-    if (lower(a[i]) != lower(b[i])) return false;
-  }
-  return true;
-}
-
-// Compares in time that depends on the lengths only, not on where the first difference is.
-bool same_secret(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  }
-  return diff == 0;
-}
 
 int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -95,24 +77,6 @@ SimpleResponse method_not_allowed(std::string_view method, std::string_view path
 }
 
 }  // namespace
-
-std::optional<openai::ApiError> check_api_key(const std::vector<std::string>& api_keys,
-                                              std::string_view authorization) {
-  if (api_keys.empty()) return std::nullopt;
-  while (!authorization.empty() && authorization.front() == ' ') authorization.remove_prefix(1);
-  constexpr std::string_view kBearer = "bearer ";
-  if (authorization.size() <= kBearer.size() ||
-      !iequals(authorization.substr(0, kBearer.size()), kBearer)) {
-    return openai::invalid_api_key(/*missing=*/true);
-  }
-  std::string_view token = authorization.substr(kBearer.size());
-  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
-  while (!token.empty() && token.back() == ' ') token.remove_suffix(1);
-  bool ok = false;
-  for (const auto& key : api_keys) ok |= same_secret(token, key);
-  if (!ok) return openai::invalid_api_key(/*missing=*/false);
-  return std::nullopt;
-}
 
 SimpleResponse error_response(const openai::ApiError& error) {
   return json_response(error.http_status, error.to_json());

@@ -37,11 +37,6 @@ struct RouteInput {
 
 SimpleResponse error_response(const openai::ApiError& error);
 
-// 401 unless `api_keys` is empty or `authorization` is "Bearer <one of them>" (the scheme in
-// any case; the comparison takes a time that does not depend on where a key differs).
-std::optional<openai::ApiError> check_api_key(const std::vector<std::string>& api_keys,
-                                              std::string_view authorization);
-
 RouteDecision route_request(const HttpServerOptions& options, const RouterFrontend& frontend,
                             const RouteInput& input);
 

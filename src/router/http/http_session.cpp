@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "cleave/common/log.h"
-#include "router_metrics.h"
+#include "frontend/router_metrics.h"
 
 namespace cleave::router {
 namespace {

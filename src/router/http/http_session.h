@@ -18,7 +18,7 @@
 #include <boost/beast/http.hpp>
 
 #include "cleave/router/http_server.h"
-#include "exchange.h"
+#include "frontend/exchange.h"
 #include "http_routes.h"
 
 namespace cleave::router {

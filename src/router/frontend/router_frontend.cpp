@@ -9,7 +9,7 @@
 
 #include "cleave/model/model_file.h"
 #include "cleave/router/openai_response.h"
-#include "router_metrics.h"
+#include "frontend/router_metrics.h"
 
 namespace cleave::router {
 namespace {

@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "cleave/common/log.h"
-#include "cleave/worker/kv_export.h"
-#include "cleave/worker/proto_convert.h"
-#include "cleave/worker/worker_client.h"
+#include "cleave/control/proto_convert.h"
+#include "cleave/control/worker_client.h"
+#include "cleave/kvcache/kv_layout.h"
 #include "fmt/format.h"
 
 namespace cleave {

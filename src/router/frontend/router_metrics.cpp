@@ -1,5 +1,5 @@
 // Registration of the router's request metrics.
-#include "router_metrics.h"
+#include "frontend/router_metrics.h"
 
 #include <string>
 

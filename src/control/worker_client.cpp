@@ -1,12 +1,13 @@
 // WorkerClient: one gRPC channel to one worker; every call with a deadline, every error a Status.
-#include "cleave/worker/worker_client.h"
+#include "cleave/control/worker_client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <utility>
 
+#include "cleave/control/channel.h"
+#include "cleave/control/proto_convert.h"
 #include "cleave/v1/worker.grpc.pb.h"
-#include "cleave/worker/proto_convert.h"
 #include "fmt/format.h"
 
 namespace cleave {
@@ -77,19 +78,10 @@ WorkerClient::~WorkerClient() = default;
 Result<std::unique_ptr<WorkerClient>> WorkerClient::connect(const std::string& target,
                                                             const WorkerClientOptions& opts) {
   if (target.empty()) return InvalidArgument("the worker address is empty (want HOST:PORT)");
-  grpc::ChannelArguments args;
-  // The control plane is internal: never through an HTTP proxy from the environment.
-  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
-  args.SetMaxReceiveMessageSize(64 << 20);
-  // Reconnect quickly after a worker restarts instead of backing off for minutes.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   auto impl = std::make_unique<Impl>();
   impl->target = target;
   impl->opts = opts;
-  impl->channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  impl->channel = make_worker_channel(target);
   if (!impl->channel) return InvalidArgument(fmt::format("cannot make a channel to '{}'", target));
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() + opts.connect_timeout)) {
     return Unavailable(fmt::format("cannot connect to the worker at {} within {} ms", target,

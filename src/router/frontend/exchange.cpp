@@ -1,9 +1,9 @@
 // Dispatch fan-out of one HTTP request and the merge of its choices into one response.
-#include "exchange.h"
+#include "frontend/exchange.h"
 
 #include "cleave/common/log.h"
 #include "cleave/router/openai_response.h"
-#include "router_metrics.h"
+#include "frontend/router_metrics.h"
 
 namespace cleave::router {
 namespace {
