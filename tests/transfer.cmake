@@ -14,12 +14,7 @@ if(TARGET cleave::transfer)
   add_test(NAME ${tgt} COMMAND ${tgt})
   set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 180)
 
-  # Standalone bench binary (bench/transfer); the same code serves `cleave bench transfer`.
-  add_executable(transfer_bench ${PROJECT_SOURCE_DIR}/bench/transfer/transfer_bench_main.cpp
-                                ${PROJECT_SOURCE_DIR}/src/cli/cmd_bench.cpp)
-  target_include_directories(transfer_bench PRIVATE ${PROJECT_SOURCE_DIR}/src/cli)
-  target_link_libraries(transfer_bench PRIVATE cleave::transfer CLI11::CLI11 nlohmann_json::nlohmann_json)
-  set_target_properties(transfer_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
+  # The standalone bench binary (bench/transfer/CMakeLists.txt), as `cleave bench transfer` runs.
   add_test(NAME integration_transfer_bench_smoke
            COMMAND transfer_bench bench transfer --provider tcp\;ofi_rxm --sizes 4KiB,1MiB --iters 20
                    --json ${PROJECT_BINARY_DIR}/transfer_bench_smoke.json)
