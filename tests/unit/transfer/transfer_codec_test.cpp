@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "cleave/transfer/transfer_engine.h"
-#include "../../../src/transfer/transfer_codec.h"
+#include "transfer/transfer_codec.h"
 
 namespace cleave::transfer {
 namespace {
