@@ -4,12 +4,9 @@
 # and nftables (scripts/install-deps.sh); skips (77) with the reason where namespaces cannot be
 # made, or ../shared is absent. RUN_SERIAL: its load must not share the two CI cores with
 # another test's.
-if(TARGET cleave)
-  set(tgt integration_multihost_faults)
-  add_test(NAME ${tgt}
-           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/integration/multihost/multihost_faults_test.py
-                   $<TARGET_FILE:cleave> ${PROJECT_SOURCE_DIR}/../shared/models)
-  set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 600 SKIP_RETURN_CODE 77
-                       RUN_SERIAL TRUE
-                       ENVIRONMENT "PYTHONUNBUFFERED=1;PYTHONDONTWRITEBYTECODE=1")
-endif()
+add_test(NAME integration_multihost_faults
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/integration/multihost/multihost_faults_test.py
+                 $<TARGET_FILE:cleave> ${PROJECT_SOURCE_DIR}/../shared/models)
+set_tests_properties(integration_multihost_faults PROPERTIES LABELS integration TIMEOUT 600
+                     SKIP_RETURN_CODE 77 RUN_SERIAL TRUE
+                     ENVIRONMENT "PYTHONUNBUFFERED=1;PYTHONDONTWRITEBYTECODE=1")

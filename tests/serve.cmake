@@ -5,13 +5,11 @@
 # default model (SmolLM2; skipped when it is not in the model cache or cannot load). Skip (77)
 # when ../shared is absent; fail when `openai` or `grpcio-tools` is missing
 # (scripts/install-deps.sh installs them).
-if(TARGET cleave)
-  foreach(name openai concurrency worker_failure grpc logprobs default_model kv_dtype)
-    set(tgt e2e_serve_${name})
-    add_test(NAME ${tgt}
-             COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/e2e/serve_${name}_test.py
-                     $<TARGET_FILE:cleave> ${PROJECT_SOURCE_DIR}/../shared/models)
-    set_tests_properties(${tgt} PROPERTIES LABELS e2e TIMEOUT 240 SKIP_RETURN_CODE 77
-                         ENVIRONMENT "PYTHONUNBUFFERED=1;PYTHONDONTWRITEBYTECODE=1")
-  endforeach()
-endif()
+foreach(name openai concurrency worker_failure grpc logprobs default_model kv_dtype)
+  set(tgt e2e_serve_${name})
+  add_test(NAME ${tgt}
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/e2e/serve_${name}_test.py
+                   $<TARGET_FILE:cleave> ${PROJECT_SOURCE_DIR}/../shared/models)
+  set_tests_properties(${tgt} PROPERTIES LABELS e2e TIMEOUT 240 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "PYTHONUNBUFFERED=1;PYTHONDONTWRITEBYTECODE=1")
+endforeach()

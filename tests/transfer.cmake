@@ -1,27 +1,20 @@
 # Transfer engine tests (libfabric). Unit tests run in one process; integration tests spawn
 # transfer_test_peer as the target process on 127.0.0.1.
-if(TARGET cleave::transfer)
-  cleave_tests(${CMAKE_CURRENT_SOURCE_DIR}/unit/transfer unit LIBS cleave::transfer)
+cleave_tests(${CMAKE_CURRENT_SOURCE_DIR}/unit/transfer unit LIBS cleave::transfer)
 
-  add_executable(transfer_test_peer ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/transfer_test_peer.cpp)
-  target_link_libraries(transfer_test_peer PRIVATE cleave::transfer)
+add_executable(transfer_test_peer ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/transfer_test_peer.cpp)
+target_link_libraries(transfer_test_peer PRIVATE cleave::transfer)
 
-  set(tgt integration_transfer_two_process)
-  add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/two_process_cases.cpp)
-  target_link_libraries(${tgt} PRIVATE cleave::transfer GTest::gtest GTest::gtest_main)
-  target_compile_definitions(${tgt} PRIVATE TRANSFER_TEST_PEER="$<TARGET_FILE:transfer_test_peer>")
-  add_dependencies(${tgt} transfer_test_peer)
-  add_test(NAME ${tgt} COMMAND ${tgt})
-  set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 180)
+set(tgt integration_transfer_two_process)
+add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/two_process_cases.cpp)
+target_link_libraries(${tgt} PRIVATE cleave::transfer GTest::gtest GTest::gtest_main)
+target_compile_definitions(${tgt} PRIVATE TRANSFER_TEST_PEER="$<TARGET_FILE:transfer_test_peer>")
+add_dependencies(${tgt} transfer_test_peer)
+add_test(NAME ${tgt} COMMAND ${tgt})
+set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 180)
 
-  # Standalone bench binary (bench/transfer); the same code serves `cleave bench transfer`.
-  add_executable(transfer_bench ${PROJECT_SOURCE_DIR}/bench/transfer/transfer_bench_main.cpp
-                                ${PROJECT_SOURCE_DIR}/src/cli/cmd_bench.cpp)
-  target_include_directories(transfer_bench PRIVATE ${PROJECT_SOURCE_DIR}/src/cli)
-  target_link_libraries(transfer_bench PRIVATE cleave::transfer CLI11::CLI11 nlohmann_json::nlohmann_json)
-  set_target_properties(transfer_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bench)
-  add_test(NAME integration_transfer_bench_smoke
-           COMMAND transfer_bench bench transfer --provider tcp\;ofi_rxm --sizes 4KiB,1MiB --iters 20
-                   --json ${PROJECT_BINARY_DIR}/transfer_bench_smoke.json)
-  set_tests_properties(integration_transfer_bench_smoke PROPERTIES LABELS integration TIMEOUT 60)
-endif()
+# The standalone bench binary (bench/transfer/CMakeLists.txt), as `cleave bench transfer` runs.
+add_test(NAME integration_transfer_bench_smoke
+         COMMAND transfer_bench bench transfer --provider tcp\;ofi_rxm --sizes 4KiB,1MiB --iters 20
+                 --json ${PROJECT_BINARY_DIR}/transfer_bench_smoke.json)
+set_tests_properties(integration_transfer_bench_smoke PROPERTIES LABELS integration TIMEOUT 60)

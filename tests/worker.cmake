@@ -1,13 +1,11 @@
 # Multi-process worker tests: real `cleave worker` processes (prefill, decode, unified) on
 # 127.0.0.1 over tcp;ofi_rxm and shm, driven through the worker client (and `cleave client`).
-if(TARGET cleave::worker AND TARGET cleave)
-  set(tgt integration_worker_disaggregation)
-  add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker/disaggregation_cases.cpp
-                        ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker/worker_failure_cases.cpp)
-  target_link_libraries(${tgt} PRIVATE cleave::worker GTest::gtest GTest::gtest_main)
-  target_compile_definitions(${tgt} PRIVATE CLEAVE_BINARY="$<TARGET_FILE:cleave>"
-    CLEAVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}" CLEAVE_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  add_dependencies(${tgt} cleave)
-  add_test(NAME ${tgt} COMMAND ${tgt})
-  set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77)
-endif()
+set(tgt integration_worker_disaggregation)
+add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker/disaggregation_cases.cpp
+                      ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker/worker_failure_cases.cpp)
+target_link_libraries(${tgt} PRIVATE cleave::worker GTest::gtest GTest::gtest_main)
+target_compile_definitions(${tgt} PRIVATE CLEAVE_BINARY="$<TARGET_FILE:cleave>"
+  CLEAVE_SOURCE_DIR="${PROJECT_SOURCE_DIR}" CLEAVE_BINARY_DIR="${PROJECT_BINARY_DIR}")
+add_dependencies(${tgt} cleave)
+add_test(NAME ${tgt} COMMAND ${tgt})
+set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77)

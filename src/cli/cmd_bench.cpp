@@ -7,7 +7,7 @@
 #include "commands.h"
 #include "nlohmann/json.hpp"
 
-#include "cleave/transfer/transfer_bench.h"
+#include "cleave/bench/transfer_bench.h"
 
 namespace cleave::cli {
 

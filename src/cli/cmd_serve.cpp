@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -151,130 +152,164 @@ void print_serving(const router::RouterApp& app, const Config& config, const std
   print_line("Stop with Ctrl-C.");
 }
 
-int run_serve(SettingsFlags& flags) {
-  if (Status s = load_settings_flags(flags); !s.ok()) {
-    std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
-    return 2;
-  }
-  Config& config = flags.config;
-  LogOptions log_opts;
-  log_opts.level = config.log.level;
-  log_opts.role = "router";
-  if (Status s = init_logging(log_opts); !s.ok()) {
-    std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
-    return 2;
-  }
-  auto mode = router::parse_dispatch_mode(config.router.mode);
-  if (!mode.ok()) {
-    std::fprintf(stderr, "cleave serve: router.mode: %s\n", mode.status().message().c_str());
-    return 2;
-  }
+// Prints "cleave serve: WHAT MESSAGE" and returns `code` (the process exit code).
+int fail(int code, const Status& s, std::string_view what = "") {
+  std::fprintf(stderr, "cleave serve: %.*s%s\n", static_cast<int>(what.size()), what.data(),
+               s.message().c_str());
+  return code;
+}
 
-  // Every thread started from here on inherits the blocked signals; this thread takes them.
+// The settings (file, environment, --set, flags) and the logging they ask for.
+Status load_serve_settings(SettingsFlags& flags) {
+  CLEAVE_RETURN_IF_ERROR(load_settings_flags(flags));
+  LogOptions log_opts;
+  log_opts.level = flags.config.log.level;
+  log_opts.role = "router";
+  return init_logging(log_opts);
+}
+
+// Blocks SIGINT and SIGTERM: every thread started from here on inherits the blocked signals,
+// and this thread takes them (stop_signal_pending). SIGPIPE is ignored.
+sigset_t block_stop_signals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
 
+// The pools of `mode`, each started here unless the configuration names its workers.
+std::vector<PoolPlan> plan_pools(Config& config, router::DispatchMode mode) {
   std::vector<PoolPlan> pools;
-  if (*mode == router::DispatchMode::kUnified) {
+  if (mode == router::DispatchMode::kUnified) {
     pools.push_back({"unified", &config.pools.unified});
   } else {
     pools.push_back({"prefill", &config.pools.prefill});
     pools.push_back({"decode", &config.pools.decode});
   }
-  std::string plan = std::string(router::dispatch_mode_name(*mode)) + ":";
-  for (PoolPlan& p : pools) {
-    p.started_here = p.settings->workers.empty() && p.settings->dns.empty();
+  for (PoolPlan& p : pools) p.started_here = p.settings->workers.empty() && p.settings->dns.empty();
+  return pools;
+}
+
+// "disaggregated: 1 prefill worker, 1 decode worker" (for the serving line).
+std::string describe_plan(router::DispatchMode mode, const std::vector<PoolPlan>& pools) {
+  std::string plan = std::string(router::dispatch_mode_name(mode)) + ":";
+  for (const PoolPlan& p : pools) {
     plan += p.started_here ? fmt::format(" {} {} worker{}", p.settings->replicas, p.name,
                                          p.settings->replicas == 1 ? "" : "s")
                            : fmt::format(" the {} workers of the config", p.name);
     plan += p.name == pools.back().name ? "" : ",";
   }
-  if (Status s = check_pools(pools); !s.ok()) {
-    std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
-    return 2;
-  }
-  if (config.model.path.empty()) {
-    auto def = resolve_default_model();
-    if (!def.ok()) {
-      std::fprintf(stderr, "cleave serve: the default model: %s\n",
-                   def.status().message().c_str());
-      return 1;
-    }
-    log::info("serve: no model given; serving the embedded default model {} as '{}'", def->path,
-              def->served_name);
-    config.model.path = def->path;
-    if (config.router.served_model_name.empty()) config.router.served_model_name = def->served_name;
-  }
+  return plan;
+}
 
-  auto specs = worker_specs(flags, pools, config.model.path);
-  if (!specs.ok()) {
-    std::fprintf(stderr, "cleave serve: %s\n", specs.status().message().c_str());
-    return 2;
-  }
+// No model.path: the embedded default model, served under its own name unless one is set.
+Status use_default_model_if_none(Config& config) {
+  if (!config.model.path.empty()) return Status::Ok();
+  auto def = resolve_default_model();
+  CLEAVE_RETURN_IF_ERROR(def.status());
+  log::info("serve: no model given; serving the embedded default model {} as '{}'", def->path,
+            def->served_name);
+  config.model.path = def->path;
+  if (config.router.served_model_name.empty()) config.router.served_model_name = def->served_name;
+  return Status::Ok();
+}
 
-  std::unique_ptr<router::WorkerSupervisor> supervisor;
-  if (!specs->empty()) {
-    router::SupervisorOptions sup;
-    sup.on_event = [](const router::ChildEvent& e) {
-      if (e.kind == router::ChildEvent::Kind::kListening) {
-        print_line(
-            fmt::format("worker {} {} pid {} listening on {}", e.pool, e.id, e.pid, e.address));
-      } else {
-        print_line(fmt::format("worker {} {} pid {} exited: {}", e.pool, e.id, e.pid, e.reason));
-      }
-    };
-    auto started = router::WorkerSupervisor::start(std::move(*specs), std::move(sup));
-    if (!started.ok()) {
-      std::fprintf(stderr, "cleave serve: %s\n", started.status().message().c_str());
-      return 1;
-    }
-    supervisor = std::move(started).value();
-    for (;;) {
-      Status s = supervisor->wait_started(milliseconds(100));
-      if (s.ok()) break;
-      if (s.code() != StatusCode::kDeadlineExceeded) {
-        std::fprintf(stderr, "cleave serve: %s\n", s.message().c_str());
-        supervisor->stop();
-        return 1;
-      }
-      if (stop_signal_pending(signals, milliseconds(0))) {
-        supervisor->stop();
-        return 0;
-      }
-    }
-    for (PoolPlan& p : pools) {
-      if (p.started_here) {
-        p.settings->workers = fmt::format("{}", fmt::join(supervisor->addresses(p.name), ","));
-      }
-    }
+void print_child_event(const router::ChildEvent& e) {
+  if (e.kind == router::ChildEvent::Kind::kListening) {
+    print_line(fmt::format("worker {} {} pid {} listening on {}", e.pool, e.id, e.pid, e.address));
+  } else {
+    print_line(fmt::format("worker {} {} pid {} exited: {}", e.pool, e.id, e.pid, e.reason));
   }
+}
 
-  auto app = router::RouterApp::start(config);
-  if (!app.ok()) {
-    std::fprintf(stderr, "cleave serve: %s\n", app.status().message().c_str());
-    if (supervisor) supervisor->stop();
-    return app.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
-  }
-  const auto healthy_by = std::chrono::steady_clock::now() + kHealthyTimeout;
-  bool stop_now = false;
-  while (!(*app)->wait_ready(milliseconds(100), /*all_workers=*/true)) {
+// Starts the children and waits until every one listens. nullptr (and *stopped) when SIGINT or
+// SIGTERM came first; the children are stopped then, and on an error.
+Result<std::unique_ptr<router::WorkerSupervisor>> start_workers(
+    std::vector<router::WorkerProcessSpec> specs, const sigset_t& signals, bool* stopped) {
+  router::SupervisorOptions sup;
+  sup.on_event = print_child_event;
+  auto started = router::WorkerSupervisor::start(std::move(specs), std::move(sup));
+  CLEAVE_RETURN_IF_ERROR(started.status());
+  std::unique_ptr<router::WorkerSupervisor> supervisor = std::move(started).value();
+  for (;;) {
+    Status s = supervisor->wait_started(milliseconds(100));
+    if (s.ok()) return supervisor;
+    if (s.code() != StatusCode::kDeadlineExceeded) {
+      supervisor->stop();
+      return s;
+    }
     if (stop_signal_pending(signals, milliseconds(0))) {
-      stop_now = true;
-      break;
+      supervisor->stop();
+      *stopped = true;
+      return std::unique_ptr<router::WorkerSupervisor>();
     }
+  }
+}
+
+// The router dials the children serve started: their addresses become the pools' workers.
+void name_started_workers(const router::WorkerSupervisor& supervisor,
+                          const std::vector<PoolPlan>& pools) {
+  for (const PoolPlan& p : pools) {
+    if (p.started_here) {
+      p.settings->workers = fmt::format("{}", fmt::join(supervisor.addresses(p.name), ","));
+    }
+  }
+}
+
+// Waits until every worker is healthy (at most kHealthyTimeout: then it serves with the ready
+// ones). False when SIGINT or SIGTERM came first.
+bool wait_until_healthy(router::RouterApp& app, const sigset_t& signals) {
+  const auto healthy_by = std::chrono::steady_clock::now() + kHealthyTimeout;
+  while (!app.wait_ready(milliseconds(100), /*all_workers=*/true)) {
+    if (stop_signal_pending(signals, milliseconds(0))) return false;
     if (std::chrono::steady_clock::now() >= healthy_by) {
       log::warn(
           "serve: not every worker is healthy after {} s; serving with the ready ones "
           "(/health says when the pools are ready)",
           kHealthyTimeout.count() / 1000);
-      break;
+      return true;
     }
   }
-  if (!stop_now) {
+  return true;
+}
+
+int run_serve(SettingsFlags& flags) {
+  if (Status s = load_serve_settings(flags); !s.ok()) return fail(2, s);
+  Config& config = flags.config;
+  auto mode = router::parse_dispatch_mode(config.router.mode);
+  if (!mode.ok()) return fail(2, mode.status(), "router.mode: ");
+  const sigset_t signals = block_stop_signals();
+
+  std::vector<PoolPlan> pools = plan_pools(config, *mode);
+  const std::string plan = describe_plan(*mode, pools);
+  if (Status s = check_pools(pools); !s.ok()) return fail(2, s);
+  if (Status s = use_default_model_if_none(config); !s.ok()) {
+    return fail(1, s, "the default model: ");
+  }
+  auto specs = worker_specs(flags, pools, config.model.path);
+  if (!specs.ok()) return fail(2, specs.status());
+
+  std::unique_ptr<router::WorkerSupervisor> supervisor;
+  if (!specs->empty()) {
+    bool stopped = false;
+    auto started = start_workers(std::move(*specs), signals, &stopped);
+    if (!started.ok()) return fail(1, started.status());
+    if (stopped) return 0;
+    supervisor = std::move(started).value();
+    name_started_workers(*supervisor, pools);
+  }
+
+  auto app = router::RouterApp::start(config);
+  if (!app.ok()) {
+    const int code =
+        fail(app.status().code() == StatusCode::kInvalidArgument ? 2 : 1, app.status());
+    if (supervisor) supervisor->stop();
+    return code;
+  }
+  if (wait_until_healthy(**app, signals)) {
     print_serving(**app, config, plan);
     while (!stop_signal_pending(signals, milliseconds(1000))) {
     }

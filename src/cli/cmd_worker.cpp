@@ -5,48 +5,34 @@
 // NOT_SERVING, no new requests, the running ones finish within worker.drain_seconds), SIGINT
 // (or a second SIGTERM while draining) shuts it down at once; either way gracefully, exit 0.
 // Before the model loads, the profile of worker.instance_type (else `default`) is applied and
-// logged. Every setting with a flag in the settings table is a flag here; --set key=value sets
-// any other.
+// logged. Settings come from settings_flags.h: --config, --set key=value, and the flag of every
+// setting in the settings table except the router's (router-only and unknown flags are errors).
 #include <pthread.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "cleave/common/config.h"
 #include "cleave/common/log.h"
 #include "cleave/worker/worker_service.h"
 #include "commands.h"
 #include "fmt/format.h"
+#include "settings_flags.h"
 
 namespace cleave::cli {
 namespace {
 
-struct WorkerCommand {
-  Config config;
-  SettingsRegistry registry;
-  std::string config_file;
-  std::vector<std::string> sets;
-  // Setting key -> value given by its flag (only the flags that were given).
-  std::map<std::string, std::string> flag_values;
-};
-
 // 0 after a graceful shutdown, 1 when the worker could not start, 2 for bad settings.
-int run_worker(WorkerCommand& cmd) {
-  Status s = load_config(cmd.registry, cmd.config_file, cmd.sets);
-  for (const auto& [key, value] : cmd.flag_values) {
-    if (!s.ok()) break;
-    s = cmd.registry.set(key, value, "flag");
-  }
-  Config& config = cmd.config;
+int run_worker(SettingsFlags& flags) {
+  Status s = load_settings_flags(flags);
+  Config& config = flags.config;
   Result<std::string> profile = std::string();
   if (s.ok()) {
-    profile = select_worker_profile(cmd.registry, config);
+    profile = select_worker_profile(flags.registry, config);
     s = profile.status();
   }
   if (s.ok()) s = parse_listen_address(config.worker.listen).status();
@@ -109,25 +95,18 @@ int run_worker(WorkerCommand& cmd) {
   return 0;
 }
 
+// Router settings have no flag here (a worker never reads them); an unknown flag, or a
+// router-only one such as --port, is a CLI11 error naming it (exit 2).
+bool is_worker_flag(const SettingsRegistry::Setting& s) { return s.key.rfind("router.", 0) != 0; }
+
 }  // namespace
 
 void add_worker_command(CLI::App& app, int* exit_code) {
-  auto cmd = std::make_shared<WorkerCommand>();
-  register_settings(cmd->config, cmd->registry);
+  auto flags = std::make_shared<SettingsFlags>();
   auto* sub = app.add_subcommand(
       "worker", "Run a prefill, decode or unified worker (serves the control-plane gRPC API)");
-  sub->add_option("--config", cmd->config_file, "YAML config file");
-  sub->add_option("--set", cmd->sets, "Override a setting: key=value (repeatable)");
-  for (const auto& setting : cmd->registry.settings()) {
-    if (setting.flag.empty()) continue;
-    const std::string key = setting.key;
-    sub->add_option_function<std::string>(
-           setting.flag,
-           [cmd, key](const std::string& value) { cmd->flag_values[key] = value; },
-           fmt::format("{} (setting {}, {})", setting.help, key, setting.type))
-        ->type_name("VALUE");
-  }
-  sub->callback([cmd, exit_code] { *exit_code = run_worker(*cmd); });
+  add_settings_flags(sub, flags, is_worker_flag);
+  sub->callback([flags, exit_code] { *exit_code = run_worker(*flags); });
 }
 
 }  // namespace cleave::cli

@@ -1,4 +1,4 @@
-// The settings of a long-running subcommand (`serve`, `router`): --config FILE, --set key=value
+// The settings of a long-running subcommand (`serve`, `router`, `worker`): --config FILE, --set key=value
 // (repeatable) and each setting's own flag from the settings registry (config.h), applied as
 // defaults < file < env (CLEAVE_*) < --set < dedicated flags.
 #pragma once

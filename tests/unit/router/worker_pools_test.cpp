@@ -3,7 +3,7 @@
 // otherwise, or an RPC failing UNAVAILABLE, takes it out at once; a good probe resets the count.
 #include <gtest/gtest.h>
 
-#include "../../../src/router/dispatch/worker_pools.h"
+#include "router/dispatch/worker_pools.h"
 
 namespace cleave::router {
 namespace {

@@ -11,7 +11,7 @@
 #include <set>
 #include <thread>
 
-#include "../../../src/transfer/fabric_rail.h"
+#include "transfer/fabric_rail.h"
 #include "fake_rail_port.h"
 
 namespace cleave::transfer {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../../../src/transfer/rail_port.h"
+#include "transfer/rail_port.h"
 
 namespace cleave::transfer::fake {
 

@@ -1,8 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "cleave/transfer/transfer_bench.h"
 #include "cleave/transfer/transfer_engine.h"
-#include "../../../src/transfer/transfer_codec.h"
+#include "transfer/transfer_codec.h"
 
 namespace cleave::transfer {
 namespace {
@@ -69,15 +68,6 @@ TEST(PlanSlicesTest, CoalescesAdjacentRangesAndSlicesLargeOnes) {
   EXPECT_EQ(big[3].len, 5u);
   EXPECT_EQ(big[2].local_offset, 2u << 20);
   EXPECT_EQ(big[2].remote_offset, 2u << 20);
-}
-
-TEST(ParseSizesTest, ReadsUnitsAndNamesBadItems) {
-  auto s = parse_sizes("4KiB,64KiB,1MiB,4MiB,17");
-  ASSERT_TRUE(s.ok());
-  EXPECT_EQ(*s, (std::vector<uint64_t>{4096, 65536, 1 << 20, 4 << 20, 17}));
-  auto bad = parse_sizes("4KiB,lots");
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("lots"), std::string::npos);
 }
 
 TEST(TransferEngineTest, InProcessPairOverTcpWritesAndNotifies) {

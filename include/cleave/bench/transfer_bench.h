@@ -1,6 +1,7 @@
 // `cleave bench transfer`: an initiator (this process) and a target process (the same binary
 // re-executed with --role target) measure the engine's write bandwidth and latency per size,
 // beside a raw single-endpoint fi_write loop over the same provider (what libfabric gives).
+// Library cleave::transfer_bench (bench/transfer/), not part of cleave::transfer.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // `cleave bench transfer`: initiator and target roles.
-#include "cleave/transfer/transfer_bench.h"
+#include "cleave/bench/transfer_bench.h"
 
 #include <signal.h>
 #include <spawn.h>
@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,13 +18,14 @@
 #include "cleave/transfer/transfer_engine.h"
 #include "fmt/format.h"
 #include "raw_fabric_loop.h"
-#include "transfer_internal.h"
 
 extern char** environ;
 
 namespace cleave::transfer {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 std::string hex(std::string_view b) {
   std::string s;

@@ -1,11 +1,29 @@
 #include "raw_fabric_loop.h"
 
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <chrono>
 #include <cstring>
 
 #include "fmt/format.h"
-#include "transfer_internal.h"
 
 namespace cleave::transfer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "what: fi_strerror (-code)".
+std::string fabric_error(std::string_view what, int rc) {
+  const int code = rc < 0 ? -rc : rc;
+  return fmt::format("{}: {} (-{})", what, fi_strerror(code), code);
+}
+
+}  // namespace
 
 RawFabricEndpoint::~RawFabricEndpoint() {
   if (ep_) fi_close(&ep_->fid);

@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "../../../src/model/loader/loaders.h"
+#include "model/loader/loaders.h"
 #include "cleave/model/gguf.h"
 #include "cleave/model/hf_export.h"
 #include "cleave/model/model_file.h"
