@@ -12,29 +12,6 @@ namespace cleave {
 
 using Clock = std::chrono::steady_clock;
 
-// ---- pairing ----
-
-std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
-                             std::string_view remote_fingerprint, const KvLayout& remote) {
-  std::vector<std::string> diffs;
-  auto differs = [&](std::string_view field, const auto& a, const auto& b) {
-    diffs.push_back(fmt::format("{} differs (prefill {}, decode {})", field, a, b));
-  };
-  if (local_fingerprint != remote_fingerprint) {
-    differs("model fingerprint", local_fingerprint.empty() ? "<none>" : local_fingerprint,
-            remote_fingerprint.empty() ? "<none>" : remote_fingerprint);
-  }
-  if (local.version != remote.version) differs("layout version", local.version, remote.version);
-  if (local.dtype != remote.dtype) differs("dtype", dtype_name(local.dtype), dtype_name(remote.dtype));
-  if (local.block_size != remote.block_size) differs("block_size", local.block_size, remote.block_size);
-  if (local.n_layers != remote.n_layers) differs("n_layers", local.n_layers, remote.n_layers);
-  if (local.n_kv_heads != remote.n_kv_heads) differs("n_kv_heads", local.n_kv_heads, remote.n_kv_heads);
-  if (local.head_dim != remote.head_dim) differs("head_dim", local.head_dim, remote.head_dim);
-  std::string out;
-  for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
-  return out;
-}
-
 // ---- write plan ----
 
 namespace {

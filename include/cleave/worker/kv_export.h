@@ -1,6 +1,6 @@
 // The prefill side of the KV handoff: where a request's KV goes (KvDestination, the decode
-// worker's reservation), the pairing check, the plan of RDMA writes for one layer's newly
-// computed positions, and KvSender, the engine loop's KvExportSink that submits those writes to
+// worker's reservation), the plan of RDMA writes for one layer's newly computed positions, and
+// KvSender, the engine loop's KvExportSink that submits those writes to
 // the transfer engine layer by layer and then sends the notice ordered after them.
 #pragma once
 
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cleave/common/status.h"
-#include "cleave/kvcache/kv_layout.h"
+#include "cleave/kvcache/kv_layout.h"  // KvLayout and pairing_mismatch
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/worker/engine_loop.h"
 
@@ -32,13 +32,6 @@ struct KvDestination {
   uint64_t notice_tag = 0;            // the notice that says the KV is in place carries this
   std::chrono::milliseconds lease{0};
 };
-
-// Empty when a prefill worker with (local_fingerprint, local) may write into a decode worker
-// with (remote_fingerprint, remote), else one message naming every field that differs with both
-// values, e.g. "model fingerprint differs (prefill 1a2b..., decode 9f8e...); block_size differs
-// (prefill 16, decode 32)". num_blocks may differ.
-std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
-                             std::string_view remote_fingerprint, const KvLayout& remote);
 
 // Appends to `out` the writes that copy K/V of positions [begin, end) of `layer` from the local
 // pool (registered as `local_region`, blocks `local_blocks` in position order) into the

@@ -16,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 // The pairing check on the message's raw fields, before anything is parsed, so that a layout
 // this build cannot represent is still refused as a mismatch that names the field.
 std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) {
-  const KvLayout& local = core.engine->kv_layout();
   const v1::KvLayoutInfo& l = d.layout();
   KvLayout remote;
   remote.version = l.version();
@@ -25,17 +24,8 @@ std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) 
   remote.n_kv_heads = l.n_kv_heads();
   remote.head_dim = l.head_dim();
   remote.num_blocks = l.num_blocks();
-  std::string unknown_dtype;
-  if (const std::optional<DType> dt = parse_dtype(l.dtype())) {
-    remote.dtype = *dt;
-  } else {
-    remote.dtype = local.dtype;
-    unknown_dtype = fmt::format("dtype differs (prefill {}, decode '{}')", dtype_name(local.dtype),
-                                l.dtype());
-  }
-  std::string m = pairing_mismatch(core.model_fingerprint, local, d.model_fingerprint(), remote);
-  if (!unknown_dtype.empty()) m = m.empty() ? unknown_dtype : unknown_dtype + "; " + m;
-  return m;
+  return pairing_mismatch(core.model_fingerprint, core.engine->kv_layout(), d.model_fingerprint(),
+                          remote, l.dtype());
 }
 
 }  // namespace
