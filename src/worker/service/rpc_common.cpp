@@ -36,16 +36,14 @@ bool WorkerCore::take_aborted(RequestId id) {
   return aborted_.erase(id) > 0;
 }
 
-grpc::Status WorkerCore::refuse_if_draining(std::string_view rpc) const {
-  if (!draining.load(std::memory_order_acquire)) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      fmt::format("worker '{}' is draining (shutting down): {} refused", id, rpc));
+Status WorkerCore::refuse_if_draining(std::string_view rpc) const {
+  if (!draining.load(std::memory_order_acquire)) return Status::Ok();
+  return Unavailable(fmt::format("worker '{}' is draining (shutting down): {} refused", id, rpc));
 }
 
-grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",
-                                  rpc, core.id, worker_role_name(core.role), served_by));
+Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by) {
+  return Unimplemented(fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",
+                                   rpc, core.id, worker_role_name(core.role), served_by));
 }
 
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s) {
@@ -55,6 +53,10 @@ grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s) {
                s.error_message());
   }
   return s;
+}
+
+grpc::Status WorkerRpcs::done(std::string_view rpc, const Status& s) {
+  return count_rpc(core_, rpc, to_grpc(s));
 }
 
 grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
@@ -72,7 +74,7 @@ grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*
   out->set_vocab_size(core_.vocab_size);
   out->set_version(kVersion);
   out->set_pid(static_cast<int32_t>(::getpid()));
-  return done("GetInfo", grpc::Status::OK);
+  return done("GetInfo", Status::Ok());
 }
 
 grpc::Status WorkerRpcs::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
@@ -94,13 +96,13 @@ grpc::Status WorkerRpcs::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*
   out->set_requests_failed(s.requests_failed);
   out->set_requests_cancelled(s.requests_cancelled);
   out->set_blocks_pinned(s.blocks_pinned);
-  return done("GetLoad", grpc::Status::OK);
+  return done("GetLoad", Status::Ok());
 }
 
 grpc::Status WorkerRpcs::GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*,
                                     v1::MetricsText* out) {
   out->set_text(core_.metrics.render(core_.engine->stats(), core_.reservations.size()));
-  return done("GetMetrics", grpc::Status::OK);
+  return done("GetMetrics", Status::Ok());
 }
 
 grpc::Status WorkerRpcs::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
@@ -118,7 +120,7 @@ grpc::Status WorkerRpcs::Abort(grpc::ServerContext*, const v1::AbortRequest* req
   }
   out->set_aborted(aborted);
   log::debug("worker {}: abort of request {}: {}", core_.id, id, aborted ? "done" : "not found");
-  return done("Abort", grpc::Status::OK);
+  return done("Abort", Status::Ok());
 }
 
 }  // namespace cleave::worker_service

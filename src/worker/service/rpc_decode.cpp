@@ -10,17 +10,16 @@ namespace cleave::worker_service {
 grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest* req,
                                  v1::KvDestination* out) {
   if (core_.role != WorkerRole::kDecode) return done("Reserve", wrong_role(core_, "Reserve", "decode"));
-  if (grpc::Status d = core_.refuse_if_draining("Reserve"); !d.ok()) return done("Reserve", d);
+  if (Status d = core_.refuse_if_draining("Reserve"); !d.ok()) return done("Reserve", d);
   if (req->lease_ms() < 0) {
-    return done("Reserve", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                        fmt::format("lease_ms {} is negative", req->lease_ms())));
+    return done("Reserve", InvalidArgument(fmt::format("lease_ms {} is negative", req->lease_ms())));
   }
   const RequestId id = req->request_id();
   const std::chrono::milliseconds lease(req->lease_ms() > 0 ? req->lease_ms()
                                                             : core_.config.worker.lease_ms);
   const auto deadline = std::chrono::steady_clock::now() + lease;
   auto blocks = core_.engine->reserve(id, req->num_prompt_tokens(), lease);
-  if (!blocks.ok()) return done("Reserve", to_grpc(blocks.status()));
+  if (!blocks.ok()) return done("Reserve", blocks.status());
 
   KvDestination dest;
   dest.request_id = id;
@@ -35,7 +34,7 @@ grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest*
   to_proto(dest, out);
   log::debug("worker {}: reserved {} blocks for request {} ({} tokens, lease {} ms)", core_.id,
              dest.blocks.size(), id, req->num_prompt_tokens(), lease.count());
-  return done("Reserve", grpc::Status::OK);
+  return done("Reserve", Status::Ok());
 }
 
 grpc::Status WorkerRpcs::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
@@ -44,7 +43,7 @@ grpc::Status WorkerRpcs::Release(grpc::ServerContext*, const v1::ReleaseRequest*
   const bool had_entry = core_.reservations.remove(req->request_id());
   const bool had_blocks = core_.engine->release_reservation(req->request_id());
   out->set_released(had_blocks || had_entry);
-  return done("Release", grpc::Status::OK);
+  return done("Release", Status::Ok());
 }
 
 grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Decode(grpc::CallbackServerContext* ctx,

@@ -34,39 +34,38 @@ grpc::Status WorkerRpcs::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
                                  v1::PrefillResponse* out) {
   if (core_.role != WorkerRole::kPrefill) return done("Prefill", wrong_role(core_, "Prefill", "prefill"));
   CallInFlight counted(core_);
-  if (grpc::Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return done("Prefill", d);
+  if (Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return done("Prefill", d);
   return done("Prefill", prefill(ctx, *req, out));
 }
 
-grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
-                                 v1::PrefillResponse* out) {
+Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
+                           v1::PrefillResponse* out) {
   const auto start = Clock::now();
   const RequestId id = req.request_id();
   if (!req.has_destination()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        fmt::format("request {}: Prefill needs a KV destination", id));
+    return InvalidArgument(fmt::format("request {}: Prefill needs a KV destination", id));
   }
   const v1::KvDestination& pd = req.destination();
   if (std::string m = pairing_problem(core_, pd); !m.empty()) {
     log::warn("worker {}: refused to pair with decode worker '{}': {}", core_.id, pd.worker_id(), m);
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        fmt::format("prefill worker '{}' cannot write into decode worker '{}': {}",
-                                    core_.id, pd.worker_id(), m));
+    return FailedPrecondition(
+        fmt::format("prefill worker '{}' cannot write into decode worker '{}': {}", core_.id,
+                    pd.worker_id(), m));
   }
   Result<KvDestination> dest = from_proto(pd);
-  if (!dest.ok()) return to_grpc(dest.status().with_context(fmt::format("request {}", id)));
+  if (!dest.ok()) return dest.status().with_context(fmt::format("request {}", id));
   const std::string address = dest->transfer_address;
   const std::string decode_worker = dest->worker_id;
   Result<uint64_t> peer = core_.peer_for(address);
   if (!peer.ok()) {
-    return to_grpc(peer.status().with_context(
-        fmt::format("request {}: cannot reach decode worker '{}'", id, decode_worker)));
+    return peer.status().with_context(
+        fmt::format("request {}: cannot reach decode worker '{}'", id, decode_worker));
   }
   std::vector<int32_t> prompt(req.prompt_tokens().begin(), req.prompt_tokens().end());
   auto sender = KvSender::create(*core_.transfer, *peer, core_.kv_region, core_.engine->kv_layout(),
                                  core_.model_fingerprint, std::move(*dest),
                                  static_cast<int64_t>(prompt.size()));
-  if (!sender.ok()) return to_grpc(sender.status().with_context(fmt::format("request {}", id)));
+  if (!sender.ok()) return sender.status().with_context(fmt::format("request {}", id));
   std::shared_ptr<KvSender> kv = std::move(*sender);
 
   EngineRequest r;
@@ -76,7 +75,7 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   r.kv_export = kv;
   auto events = std::make_shared<RequestEvents>();
   const Status submitted = core_.engine->submit(std::move(r), RequestEvents::callback(events));
-  if (!submitted.ok()) return to_grpc(submitted);
+  if (!submitted.ok()) return submitted;
 
   // Wait for the finished event (a kv_export request has exactly one event).
   const auto compute_deadline =
@@ -128,40 +127,35 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     log::warn("worker {}: request {}: KV transfer to decode worker '{}' failed: {}", core_.id, id,
               decode_worker, why);
     // ABORTED, not UNAVAILABLE: this worker is fine, its destination is not (worker.proto).
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        fmt::format("request {}: the KV transfer to decode worker '{}' failed: {}",
-                                    id, decode_worker, why));
+    return Aborted(fmt::format("request {}: the KV transfer to decode worker '{}' failed: {}", id,
+                               decode_worker, why));
   };
 
   if (!have_fin) {
     free_local();
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        fmt::format("request {}: the engine did not end the prefill", id));
+    return Internal(fmt::format("request {}: the engine did not end the prefill", id));
   }
   if (!fin.error.ok()) {
     free_local();
     // The engine ends a prefill whose writes failed with a generic Unavailable: name the cause.
     if (const Status why = kv->failure(); !why.ok()) return transfer_failed(why.to_string());
-    return to_grpc(fin.error);
+    return fin.error;
   }
   if (fin.finish_reason == FinishReason::kCancelled && !fin.has_token) {
     free_local();
     switch (cause) {
       case CancelCause::kClient:
-        return grpc::Status(grpc::StatusCode::CANCELLED,
-                            fmt::format("request {}: the client went away", id));
+        return Cancelled(fmt::format("request {}: the client went away", id));
       case CancelCause::kTimeout:
-        return grpc::Status(
-            grpc::StatusCode::DEADLINE_EXCEEDED,
-            fmt::format("request {}: the prefill did not finish within {} ms "
-                        "(worker.prefill_timeout_ms)",
-                        id, core_.config.worker.prefill_timeout_ms));
+        return DeadlineExceeded(fmt::format(
+            "request {}: the prefill did not finish within {} ms (worker.prefill_timeout_ms)", id,
+            core_.config.worker.prefill_timeout_ms));
       case CancelCause::kNone:
         break;
     }
     // Cancelled by an Abort, or else by the KV sink because a write failed.
     if (aborted) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, fmt::format("request {} was aborted", id));
+      return Cancelled(fmt::format("request {} was aborted", id));
     }
     return transfer_failed("a KV write failed (the destination is unreachable or went away)");
   }
@@ -180,7 +174,7 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
     // The request ended with its first token: the caller releases the reservation.
     free_local();
     core_.metrics.e2e_request_seconds->observe(seconds_since(start));
-    return grpc::Status::OK;
+    return Status::Ok();
   }
 
   const Status fs = kv->finish(transfer_bound);
@@ -197,7 +191,7 @@ grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequ
   out->set_kv_tail_seconds(kv->tail_seconds());
   out->set_kv_transfer_seconds(kv->transfer_seconds());
   out->set_kv_bytes(kv->bytes());
-  return grpc::Status::OK;
+  return Status::Ok();
 }
 
 }  // namespace cleave::worker_service

@@ -42,7 +42,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         std::lock_guard<std::mutex> lk(mu_);
         submitted_ = false;
       }
-      finish_now(to_grpc(st));
+      finish_now(st);
       return false;
     }
     return true;
@@ -59,8 +59,9 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     pump_.watch(shared_from_this());
   }
 
-  // Ends the call with `status` before anything was written.
-  void finish_now(grpc::Status status) {
+  // Ends the call with `error` (to_grpc) before anything was written.
+  void finish_now(const Status& error) {
+    grpc::Status status = to_grpc(error);
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (finishing_) return;
@@ -87,7 +88,8 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
   // Pump thread or a gRPC thread: starts the next write, or finishes the call.
   void pump() {
     enum class Action : uint8_t { kNone, kWrite, kWriteLast, kFinish } action = Action::kNone;
-    grpc::Status status;
+    Status error;         // of kFinish
+    grpc::Status status;  // of kWriteLast and kFinish
     {
       std::lock_guard<std::mutex> lk(mu_);
       scheduled_ = false;
@@ -101,17 +103,15 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         }
         const EngineEvent& ev = taking_[next_++];
         if (!ev.error.ok()) {
-          status = to_grpc(ev.error);
+          error = ev.error;
           action = Action::kFinish;
         } else if (ev.finished && ev.finish_reason == FinishReason::kCancelled) {
-          status = grpc::Status(grpc::StatusCode::CANCELLED,
-                                fmt::format("request {} was cancelled", id_));
+          error = Cancelled(fmt::format("request {} was cancelled", id_));
           action = Action::kFinish;
         } else if (client_gone_) {
           // Nothing more goes out; the call ends with the request.
           if (ev.finished) {
-            status = grpc::Status(grpc::StatusCode::CANCELLED,
-                                  fmt::format("request {}: the client went away", id_));
+            error = Cancelled(fmt::format("request {}: the client went away", id_));
             action = Action::kFinish;
           }
         } else {
@@ -122,14 +122,15 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
       if (action == Action::kWrite) writing_ = true;
       if (action == Action::kWriteLast || action == Action::kFinish) {
         finishing_ = true;
-        final_ = action == Action::kWriteLast ? grpc::Status::OK : status;
+        status = action == Action::kWriteLast ? grpc::Status::OK : to_grpc(error);
+        final_ = status;
       }
     }
     switch (action) {
       case Action::kNone: break;
       case Action::kWrite: StartWrite(&msg_); break;
       case Action::kWriteLast:
-        StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+        StartWriteAndFinish(&msg_, grpc::WriteOptions(), status);
         break;
       case Action::kFinish: Finish(status); break;
     }
@@ -153,8 +154,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     if (grace_over) {
       log::warn("request {}: no end from the engine {} s after its cancellation", id_,
                 kCancelGrace.count());
-      finish_now(grpc::Status(grpc::StatusCode::CANCELLED,
-                              fmt::format("request {}: the client went away", id_)));
+      finish_now(Cancelled(fmt::format("request {}: the client went away", id_)));
       return false;
     }
     return poll_kv();
@@ -239,25 +239,21 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         // The engine gives the blocks back at the lease's end (and counts it).
         log::info("worker {}: request {}: the KV did not arrive within the lease of {} ms",
                   core_.id, id_, taken->lease.count());
-        finish_now(grpc::Status(
-            grpc::StatusCode::FAILED_PRECONDITION,
+        finish_now(FailedPrecondition(
             fmt::format("request {}: the KV did not arrive within the lease of {} ms", id_,
                         taken->lease.count())));
         return false;
       case Outcome::kGaveUp:
         (void)core_.engine->release_reservation(id_);
-        finish_now(grpc::Status(grpc::StatusCode::CANCELLED,
-                                fmt::format("request {}: the client went away", id_)));
+        finish_now(Cancelled(fmt::format("request {}: the client went away", id_)));
         return false;
       case Outcome::kShutdown:
-        finish_now(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                fmt::format("worker '{}' is shutting down", core_.id)));
+        finish_now(Unavailable(fmt::format("worker '{}' is shutting down", core_.id)));
         return false;
       case Outcome::kReleased:
       default:
-        finish_now(grpc::Status(
-            grpc::StatusCode::CANCELLED,
-            fmt::format("request {}: the reservation was released or aborted", id_)));
+        finish_now(
+            Cancelled(fmt::format("request {}: the reservation was released or aborted", id_)));
         return false;
     }
     core_.metrics.kv_wait_seconds->observe(seconds_since(start_));
@@ -269,9 +265,9 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     r.first_token = decode_.first_token();
     if (static_cast<int64_t>(r.prompt.size()) != taken->num_tokens) {
       (void)core_.engine->release_reservation(id_);
-      finish_now(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              fmt::format("request {}: the prompt has {} tokens but {} were reserved",
-                                          id_, r.prompt.size(), taken->num_tokens)));
+      finish_now(InvalidArgument(
+          fmt::format("request {}: the prompt has {} tokens but {} were reserved", id_,
+                      r.prompt.size(), taken->num_tokens)));
       return false;
     }
     if (!submit(std::move(r))) {
@@ -409,8 +405,8 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
     call->finish_now(wrong_role(core, "Generate", "unified"));
     return call.get();
   }
-  if (grpc::Status d = core.refuse_if_draining("Generate"); !d.ok()) {
-    call->finish_now(std::move(d));
+  if (Status d = core.refuse_if_draining("Generate"); !d.ok()) {
+    call->finish_now(d);
     return call.get();
   }
   EngineRequest r;
@@ -440,16 +436,13 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_decode(TokenStreamPump& pump,
       call->wait_for_kv(claim, *req);
       break;
     case Outcome::kBusy:
-      call->finish_now(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                    fmt::format("a Decode of request {} is already waiting", id)));
+      call->finish_now(AlreadyExists(fmt::format("a Decode of request {} is already waiting", id)));
       break;
     case Outcome::kShutdown:
-      call->finish_now(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    fmt::format("worker '{}' is shutting down", core.id)));
+      call->finish_now(Unavailable(fmt::format("worker '{}' is shutting down", core.id)));
       break;
     default:
-      call->finish_now(grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
+      call->finish_now(NotFound(
           fmt::format("no reservation for request {} on worker '{}' (never made, already used, "
                       "released or expired)",
                       id, core.id)));

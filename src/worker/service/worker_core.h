@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "cleave/common/config.h"
+#include "cleave/common/status.h"
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "cleave/worker/engine_loop.h"
@@ -57,7 +58,7 @@ struct WorkerCore {
   std::atomic<int64_t> calls_in_flight{0};
 
   // UNAVAILABLE naming the worker when it is draining, else OK.
-  grpc::Status refuse_if_draining(std::string_view rpc) const;
+  Status refuse_if_draining(std::string_view rpc) const;
 
   // Prefill: peer ids by transfer address. An entry is dropped after a failed transfer so that
   // the next request connects again (clearing the engine's "unreachable" mark).
@@ -92,7 +93,7 @@ class CallInFlight {
 };
 
 // UNIMPLEMENTED naming the RPC, this worker's role and the roles that serve it.
-grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by);
+Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by);
 // Counts the RPC in the metrics (and logs a failure other than CANCELLED); returns `s`.
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s);
 
@@ -126,11 +127,10 @@ class WorkerRpcs final : public WorkerServiceBase {
                      v1::AbortResponse* out) override;
 
  private:
-  grpc::Status done(std::string_view rpc, grpc::Status s) {
-    return count_rpc(core_, rpc, std::move(s));
-  }
-  grpc::Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
-                       v1::PrefillResponse* out);
+  // The end of every unary handler: `s` becomes the RPC's status (to_grpc, proto_convert.h),
+  // counted by count_rpc.
+  grpc::Status done(std::string_view rpc, const Status& s);
+  Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req, v1::PrefillResponse* out);
 
   WorkerCore& core_;
   TokenStreamPump& pump_;
