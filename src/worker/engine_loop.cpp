@@ -14,6 +14,17 @@
 namespace cleave {
 namespace {
 
+// What the exception being handled says (call inside a catch).
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -193,6 +204,28 @@ void EngineLoop::run() {
   std::vector<Submission> incoming;
   std::vector<RequestId> cancels, reservation_releases, pin_releases;
   std::vector<std::shared_ptr<ReserveOp>> reserves;
+  // Fails with INTERNAL the requests of a step that threw. plan_ may name sequences the step
+  // already finished (their pointers dangle): compared, never dereferenced.
+  const auto fail_scheduled = [this](const std::string& what) {
+    std::vector<RequestId> ids;
+    for (const auto& [id, r] : requests_) {
+      const Sequence* seq = scheduler_.find(id);
+      if (seq == nullptr) continue;
+      for (const ScheduledChunk& c : plan_.chunks) {
+        if (c.seq == seq) {
+          ids.push_back(id);
+          break;
+        }
+      }
+    }
+    std::sort(ids.begin(), ids.end());
+    log::error("engine: a step over {} sequences threw: {}; failing {} requests",
+               plan_.chunks.size(), what, ids.size());
+    for (RequestId id : ids) {
+      fail(id, Internal(fmt::format("request {}: the engine failed while computing it: {}", id,
+                                    what)));
+    }
+  };
   for (;;) {
     bool stopping = false;
     {
@@ -253,7 +286,15 @@ void EngineLoop::run() {
       return;
     }
     admit_pending_prefilled();
-    if (!scheduler_.idle()) step();
+    if (!scheduler_.idle()) {
+      // The thread's boundary: a throw inside a step (a sink, a hook, a bug) fails the
+      // requests that step computed, not the worker.
+      try {
+        step();
+      } catch (...) {
+        fail_scheduled(current_exception_text());
+      }
+    }
     publish_stats();
   }
 }
