@@ -233,10 +233,12 @@ class PrefillCall {
 
 grpc::Status WorkerRpcs::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
                                  v1::PrefillResponse* out) {
-  if (core_.role != WorkerRole::kPrefill) return done("Prefill", wrong_role(core_, "Prefill", "prefill"));
-  CallInFlight counted(core_);
-  if (Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return done("Prefill", d);
-  return done("Prefill", prefill(ctx, *req, out));
+  return guarded("Prefill", [&]() -> Status {
+    if (core_.role != WorkerRole::kPrefill) return wrong_role(core_, "Prefill", "prefill");
+    CallInFlight counted(core_);
+    if (Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return d;
+    return prefill(ctx, *req, out);
+  });
 }
 
 Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,

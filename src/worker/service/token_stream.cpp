@@ -87,6 +87,31 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
 
   // Pump thread or a gRPC thread: starts the next write, or finishes the call.
   void pump() {
+    guarded([this] { pump_events(); });
+  }
+
+  // Pump thread, every kCancelPoll while watched: a Decode's wait for its KV, and the grace of a
+  // cancelled request. false when the call needs no more watching.
+  bool poll(Clock::time_point now) {
+    bool watch = false;
+    guarded([&] { watch = poll_once(now); });
+    return watch;
+  }
+
+  // The stream's boundary: runs `body`; an exception it lets out ends the call with INTERNAL
+  // (and cancels its request in the engine) instead of reaching gRPC or the pump thread.
+  template <typename Body>
+  void guarded(Body&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      fail_internal(e.what());
+    } catch (...) {
+      fail_internal("an exception that is not a std::exception");
+    }
+  }
+
+  void pump_events() {
     enum class Action : uint8_t { kNone, kWrite, kWriteLast, kFinish } action = Action::kNone;
     Status error;         // of kFinish
     grpc::Status status;  // of kWriteLast and kFinish
@@ -136,9 +161,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     }
   }
 
-  // Pump thread, every kCancelPoll while watched: a Decode's wait for its KV, and the grace of a
-  // cancelled request. false when the call needs no more watching.
-  bool poll(Clock::time_point now) {
+  bool poll_once(Clock::time_point now) {
     bool kv_wait = false;
     bool grace_over = false;
     {
@@ -199,6 +222,18 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
   }
 
  private:
+  void fail_internal(std::string_view what) {
+    log::error("worker {}: request {}: {} failed: {}", core_.id, id_, rpc(), what);
+    bool cancel_engine = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cancel_engine = submitted_ && !engine_cancelled_;
+      if (cancel_engine) engine_cancelled_ = true;
+    }
+    if (cancel_engine) core_.engine->cancel(id_);
+    finish_now(Internal(fmt::format("request {}: {} failed: {}", id_, rpc(), what)));
+  }
+
   // The client is gone (cancelled, deadline, a failed write): cancel the request in the engine
   // once it has it, and watch for the grace.
   void client_went_away() {
@@ -400,20 +435,22 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
   auto call = std::make_shared<TokenStreamCall>(pump, ctx, TokenStreamCall::Kind::kGenerate,
                                                 req->request_id());
   call->adopt();
-  WorkerCore& core = pump.core();
-  if (core.role != WorkerRole::kUnified) {
-    call->finish_now(wrong_role(core, "Generate", "unified"));
-    return call.get();
-  }
-  if (Status d = core.refuse_if_draining("Generate"); !d.ok()) {
-    call->finish_now(d);
-    return call.get();
-  }
-  EngineRequest r;
-  r.id = req->request_id();
-  r.prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
-  r.params = req->has_params() ? from_proto(req->params()) : SamplingParams{};
-  (void)call->submit(std::move(r));
+  call->guarded([&] {
+    WorkerCore& core = pump.core();
+    if (core.role != WorkerRole::kUnified) {
+      call->finish_now(wrong_role(core, "Generate", "unified"));
+      return;
+    }
+    if (Status d = core.refuse_if_draining("Generate"); !d.ok()) {
+      call->finish_now(d);
+      return;
+    }
+    EngineRequest r;
+    r.id = req->request_id();
+    r.prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
+    r.params = req->has_params() ? from_proto(req->params()) : SamplingParams{};
+    (void)call->submit(std::move(r));
+  });
   return call.get();
 }
 
@@ -424,30 +461,33 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_decode(TokenStreamPump& pump,
   auto call = std::make_shared<TokenStreamCall>(pump, ctx, TokenStreamCall::Kind::kDecode,
                                                 req->request_id());
   call->adopt();
-  WorkerCore& core = pump.core();
-  const RequestId id = req->request_id();
-  if (core.role != WorkerRole::kDecode) {
-    call->finish_now(wrong_role(core, "Decode", "decode"));
-    return call.get();
-  }
-  const ReservationTable::Claim claim = core.reservations.claim(id);
-  switch (claim.outcome) {
-    case Outcome::kFilled:
-      call->wait_for_kv(claim, *req);
-      break;
-    case Outcome::kBusy:
-      call->finish_now(AlreadyExists(fmt::format("a Decode of request {} is already waiting", id)));
-      break;
-    case Outcome::kShutdown:
-      call->finish_now(Unavailable(fmt::format("worker '{}' is shutting down", core.id)));
-      break;
-    default:
-      call->finish_now(NotFound(
-          fmt::format("no reservation for request {} on worker '{}' (never made, already used, "
-                      "released or expired)",
-                      id, core.id)));
-      break;
-  }
+  call->guarded([&] {
+    WorkerCore& core = pump.core();
+    const RequestId id = req->request_id();
+    if (core.role != WorkerRole::kDecode) {
+      call->finish_now(wrong_role(core, "Decode", "decode"));
+      return;
+    }
+    const ReservationTable::Claim claim = core.reservations.claim(id);
+    switch (claim.outcome) {
+      case Outcome::kFilled:
+        call->wait_for_kv(claim, *req);
+        break;
+      case Outcome::kBusy:
+        call->finish_now(
+            AlreadyExists(fmt::format("a Decode of request {} is already waiting", id)));
+        break;
+      case Outcome::kShutdown:
+        call->finish_now(Unavailable(fmt::format("worker '{}' is shutting down", core.id)));
+        break;
+      default:
+        call->finish_now(NotFound(
+            fmt::format("no reservation for request {} on worker '{}' (never made, already used, "
+                        "released or expired)",
+                        id, core.id)));
+        break;
+    }
+  });
   return call.get();
 }
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -130,6 +131,21 @@ class WorkerRpcs final : public WorkerServiceBase {
   // The end of every unary handler: `s` becomes the RPC's status (to_grpc, proto_convert.h),
   // counted by count_rpc.
   grpc::Status done(std::string_view rpc, const Status& s);
+  // A unary handler's boundary: done(rpc, body()), where an exception that `body` lets out
+  // becomes INTERNAL naming the RPC, so that none reaches gRPC (which would answer UNKNOWN,
+  // uncounted) or ends the worker.
+  template <typename Body>
+  grpc::Status guarded(std::string_view rpc, Body&& body) {
+    Status s;
+    try {
+      s = body();
+    } catch (const std::exception& e) {
+      s = Internal(std::string(rpc) + " failed: " + e.what());
+    } catch (...) {
+      s = Internal(std::string(rpc) + " failed: an exception that is not a std::exception");
+    }
+    return done(rpc, s);
+  }
   Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req, v1::PrefillResponse* out);
 
   WorkerCore& core_;
