@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "cleave/engine/token_finisher.h"
 #include "fmt/format.h"
 
 namespace cleave {
@@ -11,10 +12,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-bool contains(const std::vector<int32_t>& ids, int32_t id) {
-  return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
 
 }  // namespace
@@ -76,58 +73,28 @@ Result<GenerationResult> Generator::generate(std::span<const int32_t> prompt,
   result.stats.prefill_seconds = seconds_since(t_prefill);
   const auto t_decode = std::chrono::steady_clock::now();
 
-  // Ids that end generation; suppressed while fewer than min_tokens have been generated.
-  std::vector<int32_t> end_ids = params.stop_token_ids;
-  if (!params.ignore_eos) {
-    for (int32_t id = 0; id < vocab; ++id) {
-      if (tokenizer_.is_end_of_generation(id) && !contains(end_ids, id)) end_ids.push_back(id);
-    }
-  }
-
-  StreamDecoder decoder(tokenizer_);
-  // The decoder strips the leading space of its first piece, which is right only after BOS.
-  // Otherwise it is primed with the last prompt token, whose own text is not output.
-  if (prompt.back() != tokenizer_.bos_id()) (void)decoder.push(prompt.back());
-  StopMatcher stops(params.stop);
+  const std::vector<int32_t> eos_ids = TokenFinisher::end_of_generation_ids(tokenizer_, vocab);
+  TokenFinisher finisher(tokenizer_, params, eos_ids, prompt.back());
 
   std::vector<int32_t>& generated = result.tokens;
   generated.reserve(static_cast<size_t>(params.max_tokens));
   int64_t pos = static_cast<int64_t>(prompt.size());
   for (;;) {
-    const bool before_min = static_cast<int32_t>(generated.size()) < params.min_tokens;
     GeneratedToken ev;
     ev.sample = sample_token(logits_, params, prompt, generated, static_cast<uint64_t>(pos),
-                             before_min ? std::span<const int32_t>(end_ids)
-                                        : std::span<const int32_t>());
+                             finisher.suppressed(static_cast<int64_t>(generated.size())));
     ev.token = ev.sample.token;
     generated.push_back(ev.token);
     if (params.logprobs >= 0) result.logprobs.push_back(ev.sample);
 
-    const bool end_token = contains(end_ids, ev.token);
-    bool ending = end_token;
-    if (end_token) {
-      result.finish_reason = FinishReason::kStop;
-    } else if (static_cast<int32_t>(generated.size()) >= params.max_tokens || pos >= context) {
-      // max_tokens reached, or no room left to run this token.
-      result.finish_reason = FinishReason::kLength;
-      ending = true;
-    }
-
-    StopMatcher::Update upd = stops.push(end_token ? std::string() : decoder.push(ev.token));
-    ev.text = std::move(upd.emit);
-    if (upd.stopped) {
-      result.finish_reason = FinishReason::kStop;
-      result.stop_string = upd.matched;
-      ending = true;
-    } else if (ending) {
-      StopMatcher::Update tail = stops.push(decoder.flush());
-      ev.text += tail.emit;
-      if (tail.stopped) {
-        result.finish_reason = FinishReason::kStop;
-        result.stop_string = tail.matched;
-      } else {
-        ev.text += stops.flush();
-      }
+    // pos >= context: no room left to run this token.
+    TokenFinisher::Outcome outcome =
+        finisher.push(ev.token, static_cast<int64_t>(generated.size()), pos >= context);
+    ev.text = std::move(outcome.text);
+    const bool ending = outcome.finished;
+    if (ending) {
+      result.finish_reason = outcome.finish_reason;
+      result.stop_string = std::move(outcome.stop_string);
     }
     result.text += ev.text;
     const bool keep_going = on_token ? on_token(ev) : true;

@@ -1,10 +1,21 @@
 #include "cleave/kvcache/kv_layout.h"
 
+#include <optional>
 #include <vector>
 
 #include "fmt/format.h"
 
 namespace cleave {
+
+namespace {
+
+std::string join(const std::vector<std::string>& parts) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) out += (i ? "; " : "") + parts[i];
+  return out;
+}
+
+}  // namespace
 
 KvLayout KvLayout::for_model(const ModelConfig& cfg, int64_t block_size, int64_t num_blocks,
                              DType dtype) {
@@ -63,15 +74,7 @@ std::string KvLayout::incompatibility(const KvLayout& o) const {
   if (n_layers != o.n_layers) diffs.push_back(fmt::format("layers {} vs {}", n_layers, o.n_layers));
   if (n_kv_heads != o.n_kv_heads) diffs.push_back(fmt::format("KV heads {} vs {}", n_kv_heads, o.n_kv_heads));
   if (head_dim != o.head_dim) diffs.push_back(fmt::format("head dim {} vs {}", head_dim, o.head_dim));
-  std::string out;
-  for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
-  return out;
-}
-
-std::string KvLayout::to_string() const {
-  return fmt::format("v{} {} block {} x {} layers x {} KV heads x head dim {}, {} blocks ({} bytes)",
-                     version, dtype_name(dtype), block_size, n_layers, n_kv_heads, head_dim,
-                     num_blocks, total_bytes());
+  return join(diffs);
 }
 
 std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
@@ -90,9 +93,26 @@ std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout&
   if (local.n_layers != remote.n_layers) differs("n_layers", local.n_layers, remote.n_layers);
   if (local.n_kv_heads != remote.n_kv_heads) differs("n_kv_heads", local.n_kv_heads, remote.n_kv_heads);
   if (local.head_dim != remote.head_dim) differs("head_dim", local.head_dim, remote.head_dim);
-  std::string out;
-  for (size_t i = 0; i < diffs.size(); ++i) out += (i ? "; " : "") + diffs[i];
-  return out;
+  return join(diffs);
+}
+
+std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
+                             std::string_view remote_fingerprint, const KvLayout& remote,
+                             std::string_view remote_dtype) {
+  KvLayout named = remote;
+  const std::optional<DType> dtype = parse_dtype(remote_dtype);
+  named.dtype = dtype.value_or(local.dtype);
+  std::string rest = pairing_mismatch(local_fingerprint, local, remote_fingerprint, named);
+  if (dtype) return rest;
+  std::string unknown =
+      fmt::format("dtype differs (prefill {}, decode '{}')", dtype_name(local.dtype), remote_dtype);
+  return rest.empty() ? unknown : unknown + "; " + rest;
+}
+
+std::string KvLayout::to_string() const {
+  return fmt::format("v{} {} block {} x {} layers x {} KV heads x head dim {}, {} blocks ({} bytes)",
+                     version, dtype_name(dtype), block_size, n_layers, n_kv_heads, head_dim,
+                     num_blocks, total_bytes());
 }
 
 }  // namespace cleave

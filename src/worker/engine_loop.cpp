@@ -14,8 +14,15 @@
 namespace cleave {
 namespace {
 
-bool contains(const std::vector<int32_t>& ids, int32_t id) {
-  return std::find(ids.begin(), ids.end(), id) != ids.end();
+// What the exception being handled says (call inside a catch).
+std::string current_exception_text() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -63,10 +70,8 @@ EngineLoop::EngineLoop(std::unique_ptr<LlamaModel> model,
       opts_(opts),
       scheduler_(*pool_, opts.scheduler),
       vocab_(model_->config().vocab_size),
-      context_(model_->max_context()) {
-  for (int32_t id = 0; id < vocab_; ++id) {
-    if (tokenizer_->is_end_of_generation(id)) eos_ids_.push_back(id);
-  }
+      context_(model_->max_context()),
+      eos_ids_(TokenFinisher::end_of_generation_ids(*tokenizer_, vocab_)) {
   const auto rows = static_cast<size_t>(opts_.scheduler.max_num_seqs);
   batch_.reserve(rows);
   scoring_.reserve(rows);
@@ -199,6 +204,28 @@ void EngineLoop::run() {
   std::vector<Submission> incoming;
   std::vector<RequestId> cancels, reservation_releases, pin_releases;
   std::vector<std::shared_ptr<ReserveOp>> reserves;
+  // Fails with INTERNAL the requests of a step that threw. plan_ may name sequences the step
+  // already finished (their pointers dangle): compared, never dereferenced.
+  const auto fail_scheduled = [this](const std::string& what) {
+    std::vector<RequestId> ids;
+    for (const auto& [id, r] : requests_) {
+      const Sequence* seq = scheduler_.find(id);
+      if (seq == nullptr) continue;
+      for (const ScheduledChunk& c : plan_.chunks) {
+        if (c.seq == seq) {
+          ids.push_back(id);
+          break;
+        }
+      }
+    }
+    std::sort(ids.begin(), ids.end());
+    log::error("engine: a step over {} sequences threw: {}; failing {} requests",
+               plan_.chunks.size(), what, ids.size());
+    for (RequestId id : ids) {
+      fail(id, Internal(fmt::format("request {}: the engine failed while computing it: {}", id,
+                                    what)));
+    }
+  };
   for (;;) {
     bool stopping = false;
     {
@@ -259,24 +286,25 @@ void EngineLoop::run() {
       return;
     }
     admit_pending_prefilled();
-    if (!scheduler_.idle()) step();
+    if (!scheduler_.idle()) {
+      // The thread's boundary: a throw inside a step (a sink, a hook, a bug) fails the
+      // requests that step computed, not the worker.
+      try {
+        step();
+      } catch (...) {
+        fail_scheduled(current_exception_text());
+      }
+    }
     publish_stats();
   }
 }
 
 void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb,
                        std::chrono::steady_clock::time_point submitted) {
-  auto r = std::make_unique<RequestState>(req.id, std::move(req.params), std::move(cb), *tokenizer_);
+  auto r = std::make_unique<RequestState>(req.id, std::move(req.params), std::move(cb), *tokenizer_,
+                                          eos_ids_, req.prompt.back());
   r->submitted = submitted;
   r->prompt_tokens = static_cast<int64_t>(req.prompt.size());
-  r->end_ids = r->params.stop_token_ids;
-  if (!r->params.ignore_eos) {
-    for (int32_t id : eos_ids_)
-      if (!contains(r->end_ids, id)) r->end_ids.push_back(id);
-  }
-  // As Generator: the decoder strips the leading space of its first piece, which is right only
-  // after BOS; otherwise it is primed with the last prompt token, whose text is not output.
-  if (req.prompt.back() != tokenizer_->bos_id()) (void)r->decoder.push(req.prompt.back());
   if (req.prefilled) {
     admit_prefilled(std::move(req), std::move(r));
     return;
@@ -407,14 +435,12 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
   const std::span<const int32_t> prompt = all.first(static_cast<size_t>(seq.prompt_len));
   const std::span<const int32_t> generated = all.subspan(static_cast<size_t>(seq.prompt_len));
   const int64_t pos = static_cast<int64_t>(all.size());
-  const bool before_min = static_cast<int32_t>(generated.size()) < p.min_tokens;
 
   EngineEvent ev;
   ev.id = r.id;
   ev.has_token = true;
   ev.sample = sample_token(logits, p, prompt, generated, static_cast<uint64_t>(pos),
-                           before_min ? std::span<const int32_t>(r.end_ids)
-                                      : std::span<const int32_t>());
+                           r.finisher.suppressed(static_cast<int64_t>(generated.size())));
   ev.token = ev.sample.token;
   if (r.generated == 0) {  // the first token it samples
     ev.queue_seconds = r.queue_seconds;
@@ -424,29 +450,12 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
   r.generated = static_cast<int64_t>(generated.size()) + 1;
   ++local_stats_.tokens_generated;
 
-  const bool end_token = contains(r.end_ids, ev.token);
-  bool ending = end_token;
-  if (end_token) {
-    ev.finish_reason = FinishReason::kStop;
-  } else if (r.generated >= p.max_tokens || pos >= context_) {
-    ev.finish_reason = FinishReason::kLength;
-    ending = true;
-  }
-  StopMatcher::Update upd = r.stops.push(end_token ? std::string() : r.decoder.push(ev.token));
-  ev.text = std::move(upd.emit);
-  if (upd.stopped) {
-    ev.finish_reason = FinishReason::kStop;
-    ev.stop_string = upd.matched;
-    ending = true;
-  } else if (ending) {
-    StopMatcher::Update tail = r.stops.push(r.decoder.flush());
-    ev.text += tail.emit;
-    if (tail.stopped) {
-      ev.finish_reason = FinishReason::kStop;
-      ev.stop_string = tail.matched;
-    } else {
-      ev.text += r.stops.flush();
-    }
+  TokenFinisher::Outcome outcome = r.finisher.push(ev.token, r.generated, pos >= context_);
+  ev.text = std::move(outcome.text);
+  const bool ending = outcome.finished;
+  if (ending) {
+    ev.finish_reason = outcome.finish_reason;
+    ev.stop_string = std::move(outcome.stop_string);
   }
   if (ending) {
     finish(r, ev);

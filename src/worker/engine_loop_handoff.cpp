@@ -147,7 +147,7 @@ void EngineLoop::admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestSta
   const RequestId id = req.id;
   // Replays the prefill's first token through the decoder and the stop matcher, so that text
   // and stop strings continue exactly where the prefill worker's left off (its text was sent).
-  (void)r->stops.push(r->decoder.push(req.first_token));
+  r->finisher.replay(req.first_token);
   r->generated = 1;
   r->cached_prompt_tokens = 0;
   requests_.emplace(id, std::move(r));

@@ -5,19 +5,22 @@
 #include <chrono>
 #include <future>
 
+#include "cleave/engine/token_finisher.h"
 #include "cleave/worker/engine_loop.h"
 
 namespace cleave {
 
 struct EngineLoop::RequestState {
-  RequestState(RequestId rid, SamplingParams p, EngineEventCallback cb, const Tokenizer& tok)
-      : id(rid), params(std::move(p)), on_event(std::move(cb)), decoder(tok), stops(params.stop) {}
+  RequestState(RequestId rid, SamplingParams p, EngineEventCallback cb, const Tokenizer& tok,
+               std::span<const int32_t> eos_ids, int32_t last_prompt_token)
+      : id(rid),
+        params(std::move(p)),
+        on_event(std::move(cb)),
+        finisher(tok, params, eos_ids, last_prompt_token) {}
   RequestId id;
   SamplingParams params;
   EngineEventCallback on_event;
-  std::vector<int32_t> end_ids;  // ends generation; suppressed before min_tokens
-  StreamDecoder decoder;
-  StopMatcher stops;
+  TokenFinisher finisher;  // end ids, text and stop strings of its generated tokens
   int64_t prompt_tokens = 0;
   int64_t cached_prompt_tokens = -1;  // set at the first admission
   std::chrono::steady_clock::time_point submitted;  // submit() was called

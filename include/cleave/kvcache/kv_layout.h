@@ -52,11 +52,19 @@ struct KvLayout {
   std::string to_string() const;
 };
 
-// Empty when a prefill worker with (local_fingerprint, local) may write into a decode worker
-// with (remote_fingerprint, remote), else one message naming every field that differs with both
-// values, e.g. "model fingerprint differs (prefill 1a2b..., decode 9f8e...); block_size differs
-// (prefill 16, decode 32)". num_blocks may differ.
+// The pairing check of the prefill/decode handshake. Empty when a prefill worker with
+// (local_fingerprint, local) may write into a decode worker with (remote_fingerprint, remote),
+// else one message naming every field that differs with both values, e.g. "model fingerprint
+// differs (prefill 1a2b..., decode 9f8e...); block_size differs (prefill 16, decode 32)". An
+// empty fingerprint reads "<none>". num_blocks may differ.
 std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
                              std::string_view remote_fingerprint, const KvLayout& remote);
+// The same check against a layout as a control-plane message carries it, its dtype a name
+// (`remote_dtype`; remote.dtype is not read): a name this build does not know (parse_dtype) is
+// a difference too, named first as sent ("dtype differs (prefill f32, decode 'f8')"), so that a
+// layout this build cannot represent is still refused with what differs.
+std::string pairing_mismatch(std::string_view local_fingerprint, const KvLayout& local,
+                             std::string_view remote_fingerprint, const KvLayout& remote,
+                             std::string_view remote_dtype);
 
 }  // namespace cleave

@@ -1,6 +1,6 @@
 // The prefill side of the KV handoff: where a request's KV goes (KvDestination, the decode
-// worker's reservation), the pairing check, the plan of RDMA writes for one layer's newly
-// computed positions, and KvSender, the engine loop's KvExportSink that submits those writes to
+// worker's reservation), the plan of RDMA writes for one layer's newly computed positions, and
+// KvSender, the engine loop's KvExportSink that submits those writes to
 // the transfer engine layer by layer and then sends the notice ordered after them.
 #pragma once
 
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cleave/common/status.h"
-#include "cleave/kvcache/kv_layout.h"
+#include "cleave/kvcache/kv_layout.h"  // KvLayout and pairing_mismatch
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/worker/engine_loop.h"
 
@@ -32,8 +32,6 @@ struct KvDestination {
   uint64_t notice_tag = 0;            // the notice that says the KV is in place carries this
   std::chrono::milliseconds lease{0};
 };
-
-// pairing_mismatch: kvcache/kv_layout.h.
 
 // Appends to `out` the writes that copy K/V of positions [begin, end) of `layer` from the local
 // pool (registered as `local_region`, blocks `local_blocks` in position order) into the

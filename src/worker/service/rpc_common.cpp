@@ -36,16 +36,14 @@ bool WorkerCore::take_aborted(RequestId id) {
   return aborted_.erase(id) > 0;
 }
 
-grpc::Status WorkerCore::refuse_if_draining(std::string_view rpc) const {
-  if (!draining.load(std::memory_order_acquire)) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                      fmt::format("worker '{}' is draining (shutting down): {} refused", id, rpc));
+Status WorkerCore::refuse_if_draining(std::string_view rpc) const {
+  if (!draining.load(std::memory_order_acquire)) return Status::Ok();
+  return Unavailable(fmt::format("worker '{}' is draining (shutting down): {} refused", id, rpc));
 }
 
-grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                      fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",
-                                  rpc, core.id, worker_role_name(core.role), served_by));
+Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by) {
+  return Unimplemented(fmt::format("{} is not served by worker '{}' (role {}); {} workers serve it",
+                                   rpc, core.id, worker_role_name(core.role), served_by));
 }
 
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s) {
@@ -57,68 +55,80 @@ grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s) {
   return s;
 }
 
+grpc::Status WorkerRpcs::done(std::string_view rpc, const Status& s) {
+  return count_rpc(core_, rpc, to_grpc(s));
+}
+
 grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
                                  v1::WorkerInfo* out) {
-  out->set_worker_id(core_.id);
-  out->set_role(std::string(worker_role_name(core_.role)));
-  out->set_model_name(core_.model_name);
-  out->set_model_fingerprint(core_.model_fingerprint);
-  to_proto(core_.engine->kv_layout(), out->mutable_kv_layout());
-  if (core_.transfer) {
-    out->set_transfer_provider(core_.transfer->provider());
-    out->set_transfer_address(core_.transfer->address());
-  }
-  out->set_max_context(core_.max_context);
-  out->set_vocab_size(core_.vocab_size);
-  out->set_version(kVersion);
-  out->set_pid(static_cast<int32_t>(::getpid()));
-  return done("GetInfo", grpc::Status::OK);
+  return guarded("GetInfo", [&]() -> Status {
+    out->set_worker_id(core_.id);
+    out->set_role(std::string(worker_role_name(core_.role)));
+    out->set_model_name(core_.model_name);
+    out->set_model_fingerprint(core_.model_fingerprint);
+    to_proto(core_.engine->kv_layout(), out->mutable_kv_layout());
+    if (core_.transfer) {
+      out->set_transfer_provider(core_.transfer->provider());
+      out->set_transfer_address(core_.transfer->address());
+    }
+    out->set_max_context(core_.max_context);
+    out->set_vocab_size(core_.vocab_size);
+    out->set_version(kVersion);
+    out->set_pid(static_cast<int32_t>(::getpid()));
+    return Status::Ok();
+  });
 }
 
 grpc::Status WorkerRpcs::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
                                  v1::LoadReport* out) {
-  const EngineStats s = core_.engine->stats();
-  out->set_waiting(s.waiting);
-  out->set_running(s.running);
-  out->set_blocks_total(s.blocks_total);
-  out->set_blocks_free(s.blocks_free);
-  out->set_blocks_cached(s.blocks_cached);
-  out->set_blocks_used(s.blocks_used);
-  out->set_kv_usage(s.blocks_total > 0 ? static_cast<double>(s.blocks_used) /
-                                             static_cast<double>(s.blocks_total)
-                                       : 0.0);
-  out->set_reservations(s.reservations);
-  out->set_blocks_reserved(s.blocks_reserved);
-  out->set_leases_expired(s.leases_expired);
-  out->set_requests_finished(s.requests_finished);
-  out->set_requests_failed(s.requests_failed);
-  out->set_requests_cancelled(s.requests_cancelled);
-  out->set_blocks_pinned(s.blocks_pinned);
-  return done("GetLoad", grpc::Status::OK);
+  return guarded("GetLoad", [&]() -> Status {
+    const EngineStats s = core_.engine->stats();
+    out->set_waiting(s.waiting);
+    out->set_running(s.running);
+    out->set_blocks_total(s.blocks_total);
+    out->set_blocks_free(s.blocks_free);
+    out->set_blocks_cached(s.blocks_cached);
+    out->set_blocks_used(s.blocks_used);
+    out->set_kv_usage(s.blocks_total > 0 ? static_cast<double>(s.blocks_used) /
+                                               static_cast<double>(s.blocks_total)
+                                         : 0.0);
+    out->set_reservations(s.reservations);
+    out->set_blocks_reserved(s.blocks_reserved);
+    out->set_leases_expired(s.leases_expired);
+    out->set_requests_finished(s.requests_finished);
+    out->set_requests_failed(s.requests_failed);
+    out->set_requests_cancelled(s.requests_cancelled);
+    out->set_blocks_pinned(s.blocks_pinned);
+    return Status::Ok();
+  });
 }
 
 grpc::Status WorkerRpcs::GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*,
                                     v1::MetricsText* out) {
-  out->set_text(core_.metrics.render(core_.engine->stats(), core_.reservations.size()));
-  return done("GetMetrics", grpc::Status::OK);
+  return guarded("GetMetrics", [&]() -> Status {
+    out->set_text(core_.metrics.render(core_.engine->stats(), core_.reservations.size()));
+    return Status::Ok();
+  });
 }
 
 grpc::Status WorkerRpcs::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
                                v1::AbortResponse* out) {
-  const RequestId id = req->request_id();
-  if (core_.role == WorkerRole::kPrefill) core_.mark_aborted(id);
-  bool aborted = core_.engine->cancel(id);
-  if (core_.role == WorkerRole::kPrefill && !aborted) (void)core_.take_aborted(id);
-  if (core_.role == WorkerRole::kDecode) {
-    // A reservation (waiting for its KV, or with a Decode waiting on it): the table entry ends
-    // the wait, the engine gives the blocks back now.
-    const bool had_entry = core_.reservations.remove(id);
-    const bool had_blocks = core_.engine->release_reservation(id);
-    aborted = aborted || had_entry || had_blocks;
-  }
-  out->set_aborted(aborted);
-  log::debug("worker {}: abort of request {}: {}", core_.id, id, aborted ? "done" : "not found");
-  return done("Abort", grpc::Status::OK);
+  return guarded("Abort", [&]() -> Status {
+    const RequestId id = req->request_id();
+    if (core_.role == WorkerRole::kPrefill) core_.mark_aborted(id);
+    bool aborted = core_.engine->cancel(id);
+    if (core_.role == WorkerRole::kPrefill && !aborted) (void)core_.take_aborted(id);
+    if (core_.role == WorkerRole::kDecode) {
+      // A reservation (waiting for its KV, or with a Decode waiting on it): the table entry ends
+      // the wait, the engine gives the blocks back now.
+      const bool had_entry = core_.reservations.remove(id);
+      const bool had_blocks = core_.engine->release_reservation(id);
+      aborted = aborted || had_entry || had_blocks;
+    }
+    out->set_aborted(aborted);
+    log::debug("worker {}: abort of request {}: {}", core_.id, id, aborted ? "done" : "not found");
+    return Status::Ok();
+  });
 }
 
 }  // namespace cleave::worker_service

@@ -9,42 +9,45 @@ namespace cleave::worker_service {
 
 grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest* req,
                                  v1::KvDestination* out) {
-  if (core_.role != WorkerRole::kDecode) return done("Reserve", wrong_role(core_, "Reserve", "decode"));
-  if (grpc::Status d = core_.refuse_if_draining("Reserve"); !d.ok()) return done("Reserve", d);
-  if (req->lease_ms() < 0) {
-    return done("Reserve", grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                        fmt::format("lease_ms {} is negative", req->lease_ms())));
-  }
-  const RequestId id = req->request_id();
-  const std::chrono::milliseconds lease(req->lease_ms() > 0 ? req->lease_ms()
-                                                            : core_.config.worker.lease_ms);
-  const auto deadline = std::chrono::steady_clock::now() + lease;
-  auto blocks = core_.engine->reserve(id, req->num_prompt_tokens(), lease);
-  if (!blocks.ok()) return done("Reserve", to_grpc(blocks.status()));
+  return guarded("Reserve", [&]() -> Status {
+    if (core_.role != WorkerRole::kDecode) return wrong_role(core_, "Reserve", "decode");
+    if (Status d = core_.refuse_if_draining("Reserve"); !d.ok()) return d;
+    if (req->lease_ms() < 0) {
+      return InvalidArgument(fmt::format("lease_ms {} is negative", req->lease_ms()));
+    }
+    const RequestId id = req->request_id();
+    const std::chrono::milliseconds lease(req->lease_ms() > 0 ? req->lease_ms()
+                                                              : core_.config.worker.lease_ms);
+    const auto deadline = std::chrono::steady_clock::now() + lease;
+    auto blocks = core_.engine->reserve(id, req->num_prompt_tokens(), lease);
+    if (!blocks.ok()) return blocks.status();
 
-  KvDestination dest;
-  dest.request_id = id;
-  dest.worker_id = core_.id;
-  dest.transfer_address = core_.transfer->address();
-  dest.region = core_.kv_region.remote;
-  dest.layout = core_.engine->kv_layout();
-  dest.model_fingerprint = core_.model_fingerprint;
-  dest.blocks = std::move(*blocks);
-  dest.lease = lease;
-  dest.notice_tag = core_.reservations.add(id, req->num_prompt_tokens(), lease, deadline);
-  to_proto(dest, out);
-  log::debug("worker {}: reserved {} blocks for request {} ({} tokens, lease {} ms)", core_.id,
-             dest.blocks.size(), id, req->num_prompt_tokens(), lease.count());
-  return done("Reserve", grpc::Status::OK);
+    KvDestination dest;
+    dest.request_id = id;
+    dest.worker_id = core_.id;
+    dest.transfer_address = core_.transfer->address();
+    dest.region = core_.kv_region.remote;
+    dest.layout = core_.engine->kv_layout();
+    dest.model_fingerprint = core_.model_fingerprint;
+    dest.blocks = std::move(*blocks);
+    dest.lease = lease;
+    dest.notice_tag = core_.reservations.add(id, req->num_prompt_tokens(), lease, deadline);
+    to_proto(dest, out);
+    log::debug("worker {}: reserved {} blocks for request {} ({} tokens, lease {} ms)", core_.id,
+               dest.blocks.size(), id, req->num_prompt_tokens(), lease.count());
+    return Status::Ok();
+  });
 }
 
 grpc::Status WorkerRpcs::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
                                  v1::ReleaseResponse* out) {
-  if (core_.role != WorkerRole::kDecode) return done("Release", wrong_role(core_, "Release", "decode"));
-  const bool had_entry = core_.reservations.remove(req->request_id());
-  const bool had_blocks = core_.engine->release_reservation(req->request_id());
-  out->set_released(had_blocks || had_entry);
-  return done("Release", grpc::Status::OK);
+  return guarded("Release", [&]() -> Status {
+    if (core_.role != WorkerRole::kDecode) return wrong_role(core_, "Release", "decode");
+    const bool had_entry = core_.reservations.remove(req->request_id());
+    const bool had_blocks = core_.engine->release_reservation(req->request_id());
+    out->set_released(had_blocks || had_entry);
+    return Status::Ok();
+  });
 }
 
 grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Decode(grpc::CallbackServerContext* ctx,

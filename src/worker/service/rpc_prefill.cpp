@@ -16,7 +16,6 @@ using Clock = std::chrono::steady_clock;
 // The pairing check on the message's raw fields, before anything is parsed, so that a layout
 // this build cannot represent is still refused as a mismatch that names the field.
 std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) {
-  const KvLayout& local = core.engine->kv_layout();
   const v1::KvLayoutInfo& l = d.layout();
   KvLayout remote;
   remote.version = l.version();
@@ -25,189 +24,232 @@ std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) 
   remote.n_kv_heads = l.n_kv_heads();
   remote.head_dim = l.head_dim();
   remote.num_blocks = l.num_blocks();
-  std::string unknown_dtype;
-  if (const std::optional<DType> dt = parse_dtype(l.dtype())) {
-    remote.dtype = *dt;
-  } else {
-    remote.dtype = local.dtype;
-    unknown_dtype = fmt::format("dtype differs (prefill {}, decode '{}')", dtype_name(local.dtype),
-                                l.dtype());
-  }
-  std::string m = pairing_mismatch(core.model_fingerprint, local, d.model_fingerprint(), remote);
-  if (!unknown_dtype.empty()) m = m.empty() ? unknown_dtype : unknown_dtype + "; " + m;
-  return m;
+  return pairing_mismatch(core.model_fingerprint, core.engine->kv_layout(), d.model_fingerprint(),
+                          remote, l.dtype());
 }
 
-}  // namespace
+// Why the handler cancelled the prefill, if it did.
+enum class CancelCause { kNone, kClient, kTimeout };
 
-grpc::Status WorkerRpcs::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
-                                 v1::PrefillResponse* out) {
-  if (core_.role != WorkerRole::kPrefill) return done("Prefill", wrong_role(core_, "Prefill", "prefill"));
-  CallInFlight counted(core_);
-  if (grpc::Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return done("Prefill", d);
-  return done("Prefill", prefill(ctx, *req, out));
-}
+// How the engine's computation of the prompt ended, as the handler saw it.
+struct ComputeEnd {
+  bool have_fin = false;  // false: no finished event came, even after the cancel grace
+  EngineEvent fin;        // the finished event, when have_fin
+  CancelCause cause = CancelCause::kNone;
+  bool aborted = false;  // an Abort marked the request (Prefill clears the mark)
+};
 
-grpc::Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
-                                 v1::PrefillResponse* out) {
-  const auto start = Clock::now();
-  const RequestId id = req.request_id();
-  if (!req.has_destination()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        fmt::format("request {}: Prefill needs a KV destination", id));
+// One Prefill call in its steps: pair with the destination and connect, start the computation
+// on the engine, wait for it, then either name its failure or reply with the first token and
+// wait for the KV transfer and its notice. The local blocks go back on every path that ends
+// the request here.
+class PrefillCall {
+ public:
+  PrefillCall(WorkerCore& core, RequestId id)
+      : core_(core),
+        id_(id),
+        start_(Clock::now()),
+        transfer_bound_(2 * core.config.transfer.completion_timeout_ms + 1000) {}
+
+  // Checks the destination (pairing), reaches the decode worker and makes the KV sender.
+  Status pair(const v1::PrefillRequest& req) {
+    if (!req.has_destination()) {
+      return InvalidArgument(fmt::format("request {}: Prefill needs a KV destination", id_));
+    }
+    const v1::KvDestination& pd = req.destination();
+    if (std::string m = pairing_problem(core_, pd); !m.empty()) {
+      log::warn("worker {}: refused to pair with decode worker '{}': {}", core_.id,
+                pd.worker_id(), m);
+      return FailedPrecondition(
+          fmt::format("prefill worker '{}' cannot write into decode worker '{}': {}", core_.id,
+                      pd.worker_id(), m));
+    }
+    Result<KvDestination> dest = from_proto(pd);
+    if (!dest.ok()) return dest.status().with_context(fmt::format("request {}", id_));
+    address_ = dest->transfer_address;
+    decode_worker_ = dest->worker_id;
+    Result<uint64_t> peer = core_.peer_for(address_);
+    if (!peer.ok()) {
+      return peer.status().with_context(
+          fmt::format("request {}: cannot reach decode worker '{}'", id_, decode_worker_));
+    }
+    auto sender = KvSender::create(*core_.transfer, *peer, core_.kv_region,
+                                   core_.engine->kv_layout(), core_.model_fingerprint,
+                                   std::move(*dest),
+                                   static_cast<int64_t>(req.prompt_tokens_size()));
+    if (!sender.ok()) return sender.status().with_context(fmt::format("request {}", id_));
+    kv_ = std::move(*sender);
+    return Status::Ok();
   }
-  const v1::KvDestination& pd = req.destination();
-  if (std::string m = pairing_problem(core_, pd); !m.empty()) {
-    log::warn("worker {}: refused to pair with decode worker '{}': {}", core_.id, pd.worker_id(), m);
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        fmt::format("prefill worker '{}' cannot write into decode worker '{}': {}",
-                                    core_.id, pd.worker_id(), m));
-  }
-  Result<KvDestination> dest = from_proto(pd);
-  if (!dest.ok()) return to_grpc(dest.status().with_context(fmt::format("request {}", id)));
-  const std::string address = dest->transfer_address;
-  const std::string decode_worker = dest->worker_id;
-  Result<uint64_t> peer = core_.peer_for(address);
-  if (!peer.ok()) {
-    return to_grpc(peer.status().with_context(
-        fmt::format("request {}: cannot reach decode worker '{}'", id, decode_worker)));
-  }
-  std::vector<int32_t> prompt(req.prompt_tokens().begin(), req.prompt_tokens().end());
-  auto sender = KvSender::create(*core_.transfer, *peer, core_.kv_region, core_.engine->kv_layout(),
-                                 core_.model_fingerprint, std::move(*dest),
-                                 static_cast<int64_t>(prompt.size()));
-  if (!sender.ok()) return to_grpc(sender.status().with_context(fmt::format("request {}", id)));
-  std::shared_ptr<KvSender> kv = std::move(*sender);
 
-  EngineRequest r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.params = req.has_params() ? from_proto(req.params()) : SamplingParams{};
-  r.kv_export = kv;
-  auto events = std::make_shared<RequestEvents>();
-  const Status submitted = core_.engine->submit(std::move(r), RequestEvents::callback(events));
-  if (!submitted.ok()) return to_grpc(submitted);
+  // Submits the prompt to the engine, its KV exported through the sender.
+  Status start_compute(const v1::PrefillRequest& req) {
+    EngineRequest r;
+    r.id = id_;
+    r.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
+    r.params = req.has_params() ? from_proto(req.params()) : SamplingParams{};
+    r.kv_export = kv_;
+    events_ = std::make_shared<RequestEvents>();
+    return core_.engine->submit(std::move(r), RequestEvents::callback(events_));
+  }
 
-  // Wait for the finished event (a kv_export request has exactly one event).
-  const auto compute_deadline =
-      start + std::chrono::milliseconds(core_.config.worker.prefill_timeout_ms);
-  enum class CancelCause { kNone, kClient, kTimeout } cause = CancelCause::kNone;
-  Clock::time_point cancelled_at;
-  std::vector<EngineEvent> batch;
-  EngineEvent fin;
-  bool have_fin = false;
-  while (!have_fin) {
-    events->take(batch, kCancelPoll);
-    for (EngineEvent& ev : batch) {
-      if (ev.finished) {
-        fin = std::move(ev);
-        have_fin = true;
+  // Waits for the finished event (a kv_export request has exactly one event), cancelling the
+  // request when the client goes or worker.prefill_timeout_ms passes.
+  ComputeEnd wait_compute(grpc::ServerContext& ctx) {
+    const auto deadline =
+        start_ + std::chrono::milliseconds(core_.config.worker.prefill_timeout_ms);
+    ComputeEnd end;
+    Clock::time_point cancelled_at;
+    std::vector<EngineEvent> batch;
+    while (!end.have_fin) {
+      events_->take(batch, kCancelPoll);
+      for (EngineEvent& ev : batch) {
+        if (ev.finished) {
+          end.fin = std::move(ev);
+          end.have_fin = true;
+          break;
+        }
+      }
+      if (end.have_fin) break;
+      if (end.cause == CancelCause::kNone) {
+        if (ctx.IsCancelled()) end.cause = CancelCause::kClient;
+        else if (Clock::now() >= deadline) end.cause = CancelCause::kTimeout;
+        if (end.cause != CancelCause::kNone) {
+          cancelled_at = Clock::now();
+          core_.engine->cancel(id_);
+        }
+      } else if (Clock::now() - cancelled_at > kCancelGrace) {
+        log::error("worker {}: request {}: no end from the engine {} s after its cancellation",
+                   core_.id, id_, kCancelGrace.count());
         break;
       }
     }
-    if (have_fin) break;
-    if (cause == CancelCause::kNone) {
-      if (ctx->IsCancelled()) cause = CancelCause::kClient;
-      else if (Clock::now() >= compute_deadline) cause = CancelCause::kTimeout;
-      if (cause != CancelCause::kNone) {
-        cancelled_at = Clock::now();
-        core_.engine->cancel(id);
-      }
-    } else if (Clock::now() - cancelled_at > kCancelGrace) {
-      log::error("worker {}: request {}: no end from the engine {} s after its cancellation",
-                 core_.id, id, kCancelGrace.count());
-      break;
-    }
+    end.aborted = core_.take_aborted(id_);
+    return end;
   }
 
-  const bool aborted = core_.take_aborted(id);
-  const std::chrono::milliseconds transfer_bound(2 * core_.config.transfer.completion_timeout_ms +
-                                                 1000);
-  // The local blocks go back only once no write reads them any more.
-  auto free_local = [&] {
-    if (!kv->drain(transfer_bound)) {
-      log::error("worker {}: request {}: KV writes still in flight after {} ms; freeing the "
-                 "blocks anyway",
-                 core_.id, id, transfer_bound.count());
+  // OK when the computation produced the first token; else frees the local blocks and says
+  // why it did not.
+  Status compute_failure(const ComputeEnd& end) {
+    if (!end.have_fin) {
+      free_local();
+      return Internal(fmt::format("request {}: the engine did not end the prefill", id_));
     }
-    (void)core_.engine->release_pinned(id);
-  };
-  auto transfer_failed = [&](std::string_view why) {
-    core_.forget_peer(address);
-    core_.metrics.kv_handoffs_failed->inc();
-    log::warn("worker {}: request {}: KV transfer to decode worker '{}' failed: {}", core_.id, id,
-              decode_worker, why);
-    // ABORTED, not UNAVAILABLE: this worker is fine, its destination is not (worker.proto).
-    return grpc::Status(grpc::StatusCode::ABORTED,
-                        fmt::format("request {}: the KV transfer to decode worker '{}' failed: {}",
-                                    id, decode_worker, why));
-  };
-
-  if (!have_fin) {
+    const EngineEvent& fin = end.fin;
+    if (!fin.error.ok()) {
+      free_local();
+      // The engine ends a prefill whose writes failed with a generic Unavailable: name the cause.
+      if (const Status why = kv_->failure(); !why.ok()) return transfer_failed(why.to_string());
+      return fin.error;
+    }
+    if (fin.finish_reason != FinishReason::kCancelled || fin.has_token) return Status::Ok();
     free_local();
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        fmt::format("request {}: the engine did not end the prefill", id));
-  }
-  if (!fin.error.ok()) {
-    free_local();
-    // The engine ends a prefill whose writes failed with a generic Unavailable: name the cause.
-    if (const Status why = kv->failure(); !why.ok()) return transfer_failed(why.to_string());
-    return to_grpc(fin.error);
-  }
-  if (fin.finish_reason == FinishReason::kCancelled && !fin.has_token) {
-    free_local();
-    switch (cause) {
+    switch (end.cause) {
       case CancelCause::kClient:
-        return grpc::Status(grpc::StatusCode::CANCELLED,
-                            fmt::format("request {}: the client went away", id));
+        return Cancelled(fmt::format("request {}: the client went away", id_));
       case CancelCause::kTimeout:
-        return grpc::Status(
-            grpc::StatusCode::DEADLINE_EXCEEDED,
-            fmt::format("request {}: the prefill did not finish within {} ms "
-                        "(worker.prefill_timeout_ms)",
-                        id, core_.config.worker.prefill_timeout_ms));
+        return DeadlineExceeded(fmt::format(
+            "request {}: the prefill did not finish within {} ms (worker.prefill_timeout_ms)", id_,
+            core_.config.worker.prefill_timeout_ms));
       case CancelCause::kNone:
         break;
     }
     // Cancelled by an Abort, or else by the KV sink because a write failed.
-    if (aborted) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, fmt::format("request {} was aborted", id));
-    }
+    if (end.aborted) return Cancelled(fmt::format("request {} was aborted", id_));
     return transfer_failed("a KV write failed (the destination is unreachable or went away)");
   }
 
-  core_.metrics.time_to_first_token_seconds->observe(seconds_since(start));
-  v1::TokenEvent* first = out->mutable_first();
-  to_proto(fin, first);
-  if (fin.handoff) {
+  // Fills the reply's first token. A request that ended with it is done here (the caller
+  // releases the reservation); true when generation goes on at the decode worker.
+  bool reply_first_token(const EngineEvent& fin, v1::PrefillResponse* out) {
+    core_.metrics.time_to_first_token_seconds->observe(seconds_since(start_));
+    v1::TokenEvent* first = out->mutable_first();
+    to_proto(fin, first);
+    if (!fin.handoff) {
+      free_local();
+      core_.metrics.e2e_request_seconds->observe(seconds_since(start_));
+      return false;
+    }
     // Generation goes on at the decode worker: this is not the request's end.
     first->set_finished(false);
     first->clear_finish_reason();
     first->clear_stop_string();
     // The usage stays: the prefill's prompt and cached-prompt counts reach the caller.
-  }
-  if (!fin.handoff) {
-    // The request ended with its first token: the caller releases the reservation.
-    free_local();
-    core_.metrics.e2e_request_seconds->observe(seconds_since(start));
-    return grpc::Status::OK;
+    return true;
   }
 
-  const Status fs = kv->finish(transfer_bound);
-  if (!fs.ok()) {
-    free_local();
-    return transfer_failed(fs.message());
+  // Waits for every KV write and the notice after them, then frees the local blocks and
+  // reports the transfer in the metrics and the reply.
+  Status wait_transfer(v1::PrefillResponse* out) {
+    const Status fs = kv_->finish(transfer_bound_);
+    if (!fs.ok()) {
+      free_local();
+      return transfer_failed(fs.message());
+    }
+    (void)core_.engine->release_pinned(id_);
+    core_.metrics.kv_handoffs_ok->inc();
+    core_.metrics.kv_handoff_tail_seconds->observe(kv_->tail_seconds());
+    core_.metrics.kv_transfer_seconds->observe(kv_->transfer_seconds());
+    core_.metrics.kv_transfer_bytes->inc(static_cast<double>(kv_->bytes()));
+    core_.metrics.e2e_request_seconds->observe(seconds_since(start_));
+    out->set_kv_tail_seconds(kv_->tail_seconds());
+    out->set_kv_transfer_seconds(kv_->transfer_seconds());
+    out->set_kv_bytes(kv_->bytes());
+    return Status::Ok();
   }
-  (void)core_.engine->release_pinned(id);
-  core_.metrics.kv_handoffs_ok->inc();
-  core_.metrics.kv_handoff_tail_seconds->observe(kv->tail_seconds());
-  core_.metrics.kv_transfer_seconds->observe(kv->transfer_seconds());
-  core_.metrics.kv_transfer_bytes->inc(static_cast<double>(kv->bytes()));
-  core_.metrics.e2e_request_seconds->observe(seconds_since(start));
-  out->set_kv_tail_seconds(kv->tail_seconds());
-  out->set_kv_transfer_seconds(kv->transfer_seconds());
-  out->set_kv_bytes(kv->bytes());
-  return grpc::Status::OK;
+
+ private:
+  // The local blocks go back only once no write reads them any more.
+  void free_local() {
+    if (!kv_->drain(transfer_bound_)) {
+      log::error("worker {}: request {}: KV writes still in flight after {} ms; freeing the "
+                 "blocks anyway",
+                 core_.id, id_, transfer_bound_.count());
+    }
+    (void)core_.engine->release_pinned(id_);
+  }
+
+  Status transfer_failed(std::string_view why) {
+    core_.forget_peer(address_);
+    core_.metrics.kv_handoffs_failed->inc();
+    log::warn("worker {}: request {}: KV transfer to decode worker '{}' failed: {}", core_.id, id_,
+              decode_worker_, why);
+    // ABORTED, not UNAVAILABLE: this worker is fine, its destination is not (worker.proto).
+    return Aborted(fmt::format("request {}: the KV transfer to decode worker '{}' failed: {}", id_,
+                               decode_worker_, why));
+  }
+
+  WorkerCore& core_;
+  const RequestId id_;
+  const Clock::time_point start_;
+  const std::chrono::milliseconds transfer_bound_;  // for the writes and the notice to end
+  std::string address_;        // the decode worker's transfer address
+  std::string decode_worker_;  // its id
+  std::shared_ptr<KvSender> kv_;
+  std::shared_ptr<RequestEvents> events_;
+};
+
+}  // namespace
+
+grpc::Status WorkerRpcs::Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
+                                 v1::PrefillResponse* out) {
+  return guarded("Prefill", [&]() -> Status {
+    if (core_.role != WorkerRole::kPrefill) return wrong_role(core_, "Prefill", "prefill");
+    CallInFlight counted(core_);
+    if (Status d = core_.refuse_if_draining("Prefill"); !d.ok()) return d;
+    return prefill(ctx, *req, out);
+  });
+}
+
+Status WorkerRpcs::prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
+                           v1::PrefillResponse* out) {
+  PrefillCall call(core_, req.request_id());
+  CLEAVE_RETURN_IF_ERROR(call.pair(req));
+  CLEAVE_RETURN_IF_ERROR(call.start_compute(req));
+  const ComputeEnd end = call.wait_compute(*ctx);
+  CLEAVE_RETURN_IF_ERROR(call.compute_failure(end));
+  if (!call.reply_first_token(end.fin, out)) return Status::Ok();
+  return call.wait_transfer(out);
 }
 
 }  // namespace cleave::worker_service

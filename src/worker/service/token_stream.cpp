@@ -42,7 +42,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         std::lock_guard<std::mutex> lk(mu_);
         submitted_ = false;
       }
-      finish_now(to_grpc(st));
+      finish_now(st);
       return false;
     }
     return true;
@@ -59,8 +59,9 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     pump_.watch(shared_from_this());
   }
 
-  // Ends the call with `status` before anything was written.
-  void finish_now(grpc::Status status) {
+  // Ends the call with `error` (to_grpc) before anything was written.
+  void finish_now(const Status& error) {
+    grpc::Status status = to_grpc(error);
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (finishing_) return;
@@ -86,8 +87,34 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
 
   // Pump thread or a gRPC thread: starts the next write, or finishes the call.
   void pump() {
+    guarded([this] { pump_events(); });
+  }
+
+  // Pump thread, every kCancelPoll while watched: a Decode's wait for its KV, and the grace of a
+  // cancelled request. false when the call needs no more watching.
+  bool poll(Clock::time_point now) {
+    bool watch = false;
+    guarded([&] { watch = poll_once(now); });
+    return watch;
+  }
+
+  // The stream's boundary: runs `body`; an exception it lets out ends the call with INTERNAL
+  // (and cancels its request in the engine) instead of reaching gRPC or the pump thread.
+  template <typename Body>
+  void guarded(Body&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      fail_internal(e.what());
+    } catch (...) {
+      fail_internal("an exception that is not a std::exception");
+    }
+  }
+
+  void pump_events() {
     enum class Action : uint8_t { kNone, kWrite, kWriteLast, kFinish } action = Action::kNone;
-    grpc::Status status;
+    Status error;         // of kFinish
+    grpc::Status status;  // of kWriteLast and kFinish
     {
       std::lock_guard<std::mutex> lk(mu_);
       scheduled_ = false;
@@ -101,17 +128,15 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         }
         const EngineEvent& ev = taking_[next_++];
         if (!ev.error.ok()) {
-          status = to_grpc(ev.error);
+          error = ev.error;
           action = Action::kFinish;
         } else if (ev.finished && ev.finish_reason == FinishReason::kCancelled) {
-          status = grpc::Status(grpc::StatusCode::CANCELLED,
-                                fmt::format("request {} was cancelled", id_));
+          error = Cancelled(fmt::format("request {} was cancelled", id_));
           action = Action::kFinish;
         } else if (client_gone_) {
           // Nothing more goes out; the call ends with the request.
           if (ev.finished) {
-            status = grpc::Status(grpc::StatusCode::CANCELLED,
-                                  fmt::format("request {}: the client went away", id_));
+            error = Cancelled(fmt::format("request {}: the client went away", id_));
             action = Action::kFinish;
           }
         } else {
@@ -122,22 +147,21 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
       if (action == Action::kWrite) writing_ = true;
       if (action == Action::kWriteLast || action == Action::kFinish) {
         finishing_ = true;
-        final_ = action == Action::kWriteLast ? grpc::Status::OK : status;
+        status = action == Action::kWriteLast ? grpc::Status::OK : to_grpc(error);
+        final_ = status;
       }
     }
     switch (action) {
       case Action::kNone: break;
       case Action::kWrite: StartWrite(&msg_); break;
       case Action::kWriteLast:
-        StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+        StartWriteAndFinish(&msg_, grpc::WriteOptions(), status);
         break;
       case Action::kFinish: Finish(status); break;
     }
   }
 
-  // Pump thread, every kCancelPoll while watched: a Decode's wait for its KV, and the grace of a
-  // cancelled request. false when the call needs no more watching.
-  bool poll(Clock::time_point now) {
+  bool poll_once(Clock::time_point now) {
     bool kv_wait = false;
     bool grace_over = false;
     {
@@ -153,8 +177,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     if (grace_over) {
       log::warn("request {}: no end from the engine {} s after its cancellation", id_,
                 kCancelGrace.count());
-      finish_now(grpc::Status(grpc::StatusCode::CANCELLED,
-                              fmt::format("request {}: the client went away", id_)));
+      finish_now(Cancelled(fmt::format("request {}: the client went away", id_)));
       return false;
     }
     return poll_kv();
@@ -199,6 +222,18 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
   }
 
  private:
+  void fail_internal(std::string_view what) {
+    log::error("worker {}: request {}: {} failed: {}", core_.id, id_, rpc(), what);
+    bool cancel_engine = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      cancel_engine = submitted_ && !engine_cancelled_;
+      if (cancel_engine) engine_cancelled_ = true;
+    }
+    if (cancel_engine) core_.engine->cancel(id_);
+    finish_now(Internal(fmt::format("request {}: {} failed: {}", id_, rpc(), what)));
+  }
+
   // The client is gone (cancelled, deadline, a failed write): cancel the request in the engine
   // once it has it, and watch for the grace.
   void client_went_away() {
@@ -239,25 +274,21 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         // The engine gives the blocks back at the lease's end (and counts it).
         log::info("worker {}: request {}: the KV did not arrive within the lease of {} ms",
                   core_.id, id_, taken->lease.count());
-        finish_now(grpc::Status(
-            grpc::StatusCode::FAILED_PRECONDITION,
+        finish_now(FailedPrecondition(
             fmt::format("request {}: the KV did not arrive within the lease of {} ms", id_,
                         taken->lease.count())));
         return false;
       case Outcome::kGaveUp:
         (void)core_.engine->release_reservation(id_);
-        finish_now(grpc::Status(grpc::StatusCode::CANCELLED,
-                                fmt::format("request {}: the client went away", id_)));
+        finish_now(Cancelled(fmt::format("request {}: the client went away", id_)));
         return false;
       case Outcome::kShutdown:
-        finish_now(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                fmt::format("worker '{}' is shutting down", core_.id)));
+        finish_now(Unavailable(fmt::format("worker '{}' is shutting down", core_.id)));
         return false;
       case Outcome::kReleased:
       default:
-        finish_now(grpc::Status(
-            grpc::StatusCode::CANCELLED,
-            fmt::format("request {}: the reservation was released or aborted", id_)));
+        finish_now(
+            Cancelled(fmt::format("request {}: the reservation was released or aborted", id_)));
         return false;
     }
     core_.metrics.kv_wait_seconds->observe(seconds_since(start_));
@@ -269,9 +300,9 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     r.first_token = decode_.first_token();
     if (static_cast<int64_t>(r.prompt.size()) != taken->num_tokens) {
       (void)core_.engine->release_reservation(id_);
-      finish_now(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                              fmt::format("request {}: the prompt has {} tokens but {} were reserved",
-                                          id_, r.prompt.size(), taken->num_tokens)));
+      finish_now(InvalidArgument(
+          fmt::format("request {}: the prompt has {} tokens but {} were reserved", id_,
+                      r.prompt.size(), taken->num_tokens)));
       return false;
     }
     if (!submit(std::move(r))) {
@@ -404,20 +435,22 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
   auto call = std::make_shared<TokenStreamCall>(pump, ctx, TokenStreamCall::Kind::kGenerate,
                                                 req->request_id());
   call->adopt();
-  WorkerCore& core = pump.core();
-  if (core.role != WorkerRole::kUnified) {
-    call->finish_now(wrong_role(core, "Generate", "unified"));
-    return call.get();
-  }
-  if (grpc::Status d = core.refuse_if_draining("Generate"); !d.ok()) {
-    call->finish_now(std::move(d));
-    return call.get();
-  }
-  EngineRequest r;
-  r.id = req->request_id();
-  r.prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
-  r.params = req->has_params() ? from_proto(req->params()) : SamplingParams{};
-  (void)call->submit(std::move(r));
+  call->guarded([&] {
+    WorkerCore& core = pump.core();
+    if (core.role != WorkerRole::kUnified) {
+      call->finish_now(wrong_role(core, "Generate", "unified"));
+      return;
+    }
+    if (Status d = core.refuse_if_draining("Generate"); !d.ok()) {
+      call->finish_now(d);
+      return;
+    }
+    EngineRequest r;
+    r.id = req->request_id();
+    r.prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
+    r.params = req->has_params() ? from_proto(req->params()) : SamplingParams{};
+    (void)call->submit(std::move(r));
+  });
   return call.get();
 }
 
@@ -428,33 +461,33 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_decode(TokenStreamPump& pump,
   auto call = std::make_shared<TokenStreamCall>(pump, ctx, TokenStreamCall::Kind::kDecode,
                                                 req->request_id());
   call->adopt();
-  WorkerCore& core = pump.core();
-  const RequestId id = req->request_id();
-  if (core.role != WorkerRole::kDecode) {
-    call->finish_now(wrong_role(core, "Decode", "decode"));
-    return call.get();
-  }
-  const ReservationTable::Claim claim = core.reservations.claim(id);
-  switch (claim.outcome) {
-    case Outcome::kFilled:
-      call->wait_for_kv(claim, *req);
-      break;
-    case Outcome::kBusy:
-      call->finish_now(grpc::Status(grpc::StatusCode::ALREADY_EXISTS,
-                                    fmt::format("a Decode of request {} is already waiting", id)));
-      break;
-    case Outcome::kShutdown:
-      call->finish_now(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                    fmt::format("worker '{}' is shutting down", core.id)));
-      break;
-    default:
-      call->finish_now(grpc::Status(
-          grpc::StatusCode::NOT_FOUND,
-          fmt::format("no reservation for request {} on worker '{}' (never made, already used, "
-                      "released or expired)",
-                      id, core.id)));
-      break;
-  }
+  call->guarded([&] {
+    WorkerCore& core = pump.core();
+    const RequestId id = req->request_id();
+    if (core.role != WorkerRole::kDecode) {
+      call->finish_now(wrong_role(core, "Decode", "decode"));
+      return;
+    }
+    const ReservationTable::Claim claim = core.reservations.claim(id);
+    switch (claim.outcome) {
+      case Outcome::kFilled:
+        call->wait_for_kv(claim, *req);
+        break;
+      case Outcome::kBusy:
+        call->finish_now(
+            AlreadyExists(fmt::format("a Decode of request {} is already waiting", id)));
+        break;
+      case Outcome::kShutdown:
+        call->finish_now(Unavailable(fmt::format("worker '{}' is shutting down", core.id)));
+        break;
+      default:
+        call->finish_now(NotFound(
+            fmt::format("no reservation for request {} on worker '{}' (never made, already used, "
+                        "released or expired)",
+                        id, core.id)));
+        break;
+    }
+  });
   return call.get();
 }
 

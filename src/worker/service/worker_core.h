@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +14,7 @@
 #include <unordered_set>
 
 #include "cleave/common/config.h"
+#include "cleave/common/status.h"
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "cleave/worker/engine_loop.h"
@@ -57,7 +59,7 @@ struct WorkerCore {
   std::atomic<int64_t> calls_in_flight{0};
 
   // UNAVAILABLE naming the worker when it is draining, else OK.
-  grpc::Status refuse_if_draining(std::string_view rpc) const;
+  Status refuse_if_draining(std::string_view rpc) const;
 
   // Prefill: peer ids by transfer address. An entry is dropped after a failed transfer so that
   // the next request connects again (clearing the engine's "unreachable" mark).
@@ -92,7 +94,7 @@ class CallInFlight {
 };
 
 // UNIMPLEMENTED naming the RPC, this worker's role and the roles that serve it.
-grpc::Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by);
+Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view served_by);
 // Counts the RPC in the metrics (and logs a failure other than CANCELLED); returns `s`.
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s);
 
@@ -126,11 +128,25 @@ class WorkerRpcs final : public WorkerServiceBase {
                      v1::AbortResponse* out) override;
 
  private:
-  grpc::Status done(std::string_view rpc, grpc::Status s) {
-    return count_rpc(core_, rpc, std::move(s));
+  // The end of every unary handler: `s` becomes the RPC's status (to_grpc, proto_convert.h),
+  // counted by count_rpc.
+  grpc::Status done(std::string_view rpc, const Status& s);
+  // A unary handler's boundary: done(rpc, body()), where an exception that `body` lets out
+  // becomes INTERNAL naming the RPC, so that none reaches gRPC (which would answer UNKNOWN,
+  // uncounted) or ends the worker.
+  template <typename Body>
+  grpc::Status guarded(std::string_view rpc, Body&& body) {
+    Status s;
+    try {
+      s = body();
+    } catch (const std::exception& e) {
+      s = Internal(std::string(rpc) + " failed: " + e.what());
+    } catch (...) {
+      s = Internal(std::string(rpc) + " failed: an exception that is not a std::exception");
+    }
+    return done(rpc, s);
   }
-  grpc::Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req,
-                       v1::PrefillResponse* out);
+  Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req, v1::PrefillResponse* out);
 
   WorkerCore& core_;
   TokenStreamPump& pump_;

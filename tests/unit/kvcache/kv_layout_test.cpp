@@ -69,5 +69,58 @@ TEST(KvLayoutTest, IncompatibilityListsEveryDifference) {
             "dtype f32 vs f16");
 }
 
+// ---- pairing ----
+
+KvLayout layout(int64_t num_blocks, int64_t block_size, int64_t n_layers = 4, int64_t n_kv_heads = 2,
+                int64_t head_dim = 8) {
+  KvLayout l;
+  l.block_size = block_size;
+  l.n_layers = n_layers;
+  l.n_kv_heads = n_kv_heads;
+  l.head_dim = head_dim;
+  l.num_blocks = num_blocks;
+  return l;
+}
+
+TEST(PairingMismatchTest, NamesEveryDifferenceWithBothValues) {
+  KvLayout a = layout(10, 16), b = layout(99, 16);
+  EXPECT_EQ(pairing_mismatch("fp1", a, "fp1", b), "") << "num_blocks may differ";
+  b.block_size = 32;
+  EXPECT_EQ(pairing_mismatch("1a2b", a, "9f8e", b),
+            "model fingerprint differs (prefill 1a2b, decode 9f8e); block_size differs (prefill "
+            "16, decode 32)");
+  KvLayout c = layout(10, 16, 5, 4, 16);
+  c.version = 2;
+  std::string m = pairing_mismatch("x", a, "x", c);
+  EXPECT_NE(m.find("layout version differs (prefill 1, decode 2)"), std::string::npos) << m;
+  EXPECT_NE(m.find("n_layers differs (prefill 4, decode 5)"), std::string::npos) << m;
+  EXPECT_NE(m.find("n_kv_heads differs (prefill 2, decode 4)"), std::string::npos) << m;
+  EXPECT_NE(m.find("head_dim differs (prefill 8, decode 16)"), std::string::npos) << m;
+  EXPECT_EQ(m.find("fingerprint"), std::string::npos) << m;
+  KvLayout d = a;
+  d.dtype = DType::kF16;
+  EXPECT_EQ(pairing_mismatch("", a, "", d), "dtype differs (prefill f32, decode f16)");
+  EXPECT_EQ(pairing_mismatch("", a, "abc", a), "model fingerprint differs (prefill <none>, decode abc)");
+}
+
+TEST(PairingMismatchTest, DtypeByNameAsAMessageCarriesIt) {
+  const KvLayout a = layout(10, 16);
+  KvLayout b = layout(99, 16);
+  b.dtype = DType::kF16;  // not read: the name is
+  EXPECT_EQ(pairing_mismatch("fp", a, "fp", b, "f32"), "");
+  EXPECT_EQ(pairing_mismatch("fp", a, "fp", b, "F32"), "") << "names parse case-insensitively";
+  EXPECT_EQ(pairing_mismatch("fp", a, "fp", b, "bf16"), "dtype differs (prefill f32, decode bf16)");
+  EXPECT_EQ(pairing_mismatch("fp", a, "fp", b, "f8"), "dtype differs (prefill f32, decode 'f8')");
+  EXPECT_EQ(pairing_mismatch("fp", a, "fp", b, ""), "dtype differs (prefill f32, decode '')");
+  b.block_size = 32;
+  EXPECT_EQ(pairing_mismatch("fp", a, "other", b, "f8"),
+            "dtype differs (prefill f32, decode 'f8'); model fingerprint differs (prefill fp, "
+            "decode other); block_size differs (prefill 16, decode 32)")
+      << "an unknown dtype comes first, then the other differences in their order";
+  EXPECT_EQ(pairing_mismatch("fp", a, "other", b, "f16"),
+            pairing_mismatch("fp", a, "other", b))
+      << "a known name is the layout check itself";
+}
+
 }  // namespace
 }  // namespace cleave

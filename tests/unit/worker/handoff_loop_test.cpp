@@ -6,6 +6,7 @@
 // go back on release_pinned; a failing sink ends the prefill with an error.
 #include <cstring>
 #include <future>
+#include <stdexcept>
 #include <thread>
 
 #include "engine_test_util.h"
@@ -348,6 +349,41 @@ TEST_F(HandoffLoopTest, PinnedUntilReleasedAndFailingSinkEndsPrefill) {
     EXPECT_TRUE(dec->release_reservation(10));
     expect_all_blocks_back(*dec);
   }
+}
+
+// A sink that throws (on the engine thread, inside the forward pass).
+class ThrowingSink : public KvExportSink {
+ public:
+  bool on_layer_ready(int64_t, int64_t, int64_t, std::span<const BlockId>, bool) override {
+    throw std::runtime_error("the sink blew up");
+  }
+};
+
+TEST_F(HandoffLoopTest, ThrowInAStepFailsItsRequestsWithInternalNotTheEngine) {
+  auto pre = m_.engine(options(64, 64));
+  ASSERT_TRUE(pre);
+  std::mt19937 rng(5);
+  const auto prompt = random_prompt(rng, *m_.tok, 512, 40);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 4;
+  EngineRequest r{21, prompt, p};
+  r.kv_export = std::make_shared<ThrowingSink>();
+  Outcome out;
+  ASSERT_TRUE(run_on(*pre, r, out).ok());
+  EXPECT_EQ(out.error.code(), StatusCode::kInternal) << out.error.to_string();
+  EXPECT_NE(out.error.message().find("the sink blew up"), std::string::npos)
+      << out.error.to_string();
+  EXPECT_TRUE(out.tokens.empty());
+  EXPECT_TRUE(pre->release_pinned(21));
+  expect_all_blocks_back(*pre);
+
+  // The engine thread goes on serving.
+  Outcome next;
+  ASSERT_TRUE(run_on(*pre, EngineRequest{22, prompt, p}, next).ok());
+  EXPECT_TRUE(next.error.ok()) << next.error.to_string();
+  EXPECT_EQ(next.tokens.size(), 4u);
+  expect_all_blocks_back(*pre);
 }
 
 TEST_F(HandoffLoopTest, FirstTokenEndsTheRequest) {

@@ -1,4 +1,4 @@
-// The KV handoff's sending side: the write plan (exact offsets, coalescing) and KvSender over
+// The KV handoff's sending side (the pairing check is tested with KvLayout): the write plan (exact offsets, coalescing) and KvSender over
 // real transfer engines (two in this process, tcp;ofi_rxm and shm on 127.0.0.1).
 #include "cleave/worker/kv_export.h"
 
@@ -45,29 +45,6 @@ transfer::RemoteDescriptor fake_remote(uint64_t len) {
   d.len = len;
   d.keys = {1};
   return d;
-}
-
-// ---- pairing ----
-
-TEST(PairingMismatchTest, NamesEveryDifferenceWithBothValues) {
-  KvLayout a = layout(10, 16), b = layout(99, 16);
-  EXPECT_EQ(pairing_mismatch("fp1", a, "fp1", b), "") << "num_blocks may differ";
-  b.block_size = 32;
-  EXPECT_EQ(pairing_mismatch("1a2b", a, "9f8e", b),
-            "model fingerprint differs (prefill 1a2b, decode 9f8e); block_size differs (prefill "
-            "16, decode 32)");
-  KvLayout c = layout(10, 16, 5, 4, 16);
-  c.version = 2;
-  std::string m = pairing_mismatch("x", a, "x", c);
-  EXPECT_NE(m.find("layout version differs (prefill 1, decode 2)"), std::string::npos) << m;
-  EXPECT_NE(m.find("n_layers differs (prefill 4, decode 5)"), std::string::npos) << m;
-  EXPECT_NE(m.find("n_kv_heads differs (prefill 2, decode 4)"), std::string::npos) << m;
-  EXPECT_NE(m.find("head_dim differs (prefill 8, decode 16)"), std::string::npos) << m;
-  EXPECT_EQ(m.find("fingerprint"), std::string::npos) << m;
-  KvLayout d = a;
-  d.dtype = DType::kF16;
-  EXPECT_EQ(pairing_mismatch("", a, "", d), "dtype differs (prefill f32, decode f16)");
-  EXPECT_EQ(pairing_mismatch("", a, "abc", a), "model fingerprint differs (prefill <none>, decode abc)");
 }
 
 // ---- write plan ----
