@@ -229,7 +229,9 @@ TEST(Random, LengthsFollowTheRangeRatio) {
   EXPECT_GT(hi, 140);
   EXPECT_EQ(w.prefix_reuse, 0);
   o.random_range_ratio = 0;
-  for (const auto& r : build_workload(o).value().requests) EXPECT_EQ(r.input_len, 100);
+  const auto fixed = build_workload(o);  // kept: a range-for over .value() of a temporary dangles
+  ASSERT_TRUE(fixed.ok()) << fixed.status().to_string();
+  for (const auto& r : fixed.value().requests) EXPECT_EQ(r.input_len, 100);
 }
 
 TEST(ShareGpt, FirstTurnIsThePromptAndTheReplySetsTheLength) {
