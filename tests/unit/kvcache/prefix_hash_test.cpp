@@ -115,5 +115,11 @@ TEST(PrefixHashTest, SingleBitFlipsAvalanche) {
   EXPECT_GE(worst, 12);
 }
 
+TEST(PrefixHashTest, SeedForModelDependsOnTheFingerprintOnly) {
+  // Same model fingerprint, same seed; different fingerprints, different seeds.
+  EXPECT_EQ(prefix_hash_seed_for_model("abc"), prefix_hash_seed_for_model("abc"));
+  EXPECT_NE(prefix_hash_seed_for_model("abc"), prefix_hash_seed_for_model("abd"));
+}
+
 }  // namespace
 }  // namespace cleave

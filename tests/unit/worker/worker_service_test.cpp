@@ -750,21 +750,10 @@ TEST_F(WorkerServiceTest, AbortCancelHealthAndShutdown) {
   }
 }
 
+// parse_listen_address itself: tests/unit/common/listen_address_test.cpp.
 TEST(WorkerServiceConfigTest, BadRoleAndListenAddressAreRefused) {
   EXPECT_EQ(parse_worker_role("router").status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(parse_worker_role("router").status().message().find("router"), std::string::npos);
-  auto a = parse_listen_address("127.0.0.1:0");
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->host, "127.0.0.1");
-  EXPECT_EQ(a->port, 0);
-  a = parse_listen_address("[::1]:50051");
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->host, "[::1]");
-  EXPECT_EQ(a->port, 50051);
-  for (const char* bad : {"127.0.0.1", "127.0.0.1:x", ":80", "1.2.3.4:70000", "::1:80", ""}) {
-    auto r = parse_listen_address(bad);
-    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
-  }
   Config c;
   c.worker.listen = "nowhere";
   auto s = WorkerServer::start(c);
@@ -780,9 +769,6 @@ TEST(WorkerServiceConfigTest, BadRoleAndListenAddressAreRefused) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(s.status().message().find(first.server->address()), std::string::npos);
-  // Same model fingerprint, same seed; different fingerprints, different seeds.
-  EXPECT_EQ(prefix_hash_seed_for_model("abc"), prefix_hash_seed_for_model("abc"));
-  EXPECT_NE(prefix_hash_seed_for_model("abc"), prefix_hash_seed_for_model("abd"));
 }
 
 // The synthetic model's directory goes when every suite is done.
