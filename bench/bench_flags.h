@@ -3,12 +3,14 @@
 // its usage line, to stderr and exits 2; --help and -h print the usage line and exit 2.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "fmt/format.h"
 
@@ -35,6 +37,18 @@ class BenchFlags {
   std::string value() {
     if (i_ + 1 >= argc_) fail(arg_ + " needs a value");
     return argv_[++i_];
+  }
+
+  // value() split at commas ("f32,f16" -> {"f32", "f16"}; "" -> {""}).
+  std::vector<std::string> values() {
+    const std::string list = value();
+    std::vector<std::string> out;
+    for (size_t start = 0; start <= list.size();) {
+      const size_t comma = std::min(list.find(',', start), list.size());
+      out.push_back(list.substr(start, comma - start));
+      start = comma + 1;
+    }
+    return out;
   }
 
   // value() as an integer >= min.

@@ -74,16 +74,12 @@ Options parse(int argc, char** argv) {
     else if (f.is("--json")) o.json = f.value();
     else if (f.is("--kv-dtype")) {
       o.kv_dtypes.clear();
-      std::string list = f.value();
-      for (size_t start = 0; start <= list.size();) {
-        const size_t comma = std::min(list.find(',', start), list.size());
-        const std::string name = list.substr(start, comma - start);
+      for (const std::string& name : f.values()) {
         const auto t = cleave::parse_dtype(name);
         if (!t || (*t != cleave::DType::kF32 && *t != cleave::DType::kF16 &&
                    *t != cleave::DType::kBF16))
           f.fail("--kv-dtype: '" + name + "' is not one of f32, f16, bf16");
         o.kv_dtypes.push_back(*t);
-        start = comma + 1;
       }
     } else f.unknown();
   }

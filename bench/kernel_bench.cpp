@@ -56,15 +56,10 @@ int main(int argc, char** argv) {
                               argc, argv);
   while (f.next()) {
     if (f.is("--dtypes")) {
-      const std::string list = f.value();
-      size_t start = 0;
-      while (start <= list.size()) {
-        const size_t comma = std::min(list.find(',', start), list.size());
-        const std::string name = list.substr(start, comma - start);
+      for (const std::string& name : f.values()) {
         const auto dt = cleave::parse_dtype(name);
         if (!dt) f.fail(fmt::format("--dtypes: '{}' is not a dtype", name));
         dtypes.push_back(*dt);
-        start = comma + 1;
       }
       continue;
     }
