@@ -59,17 +59,22 @@ void to_proto(const KvLayout& l, v1::KvLayoutInfo* out) {
   out->set_num_blocks(l.num_blocks);
 }
 
-Result<KvLayout> from_proto(const v1::KvLayoutInfo& l) {
-  const std::optional<DType> dtype = parse_dtype(l.dtype());
-  if (!dtype) return InvalidArgument(fmt::format("KV layout: unknown dtype '{}'", l.dtype()));
+KvLayout layout_numbers_from_proto(const v1::KvLayoutInfo& l) {
   KvLayout out;
   out.version = l.version();
-  out.dtype = *dtype;
   out.block_size = l.block_size();
   out.n_layers = l.n_layers();
   out.n_kv_heads = l.n_kv_heads();
   out.head_dim = l.head_dim();
   out.num_blocks = l.num_blocks();
+  return out;
+}
+
+Result<KvLayout> from_proto(const v1::KvLayoutInfo& l) {
+  const std::optional<DType> dtype = parse_dtype(l.dtype());
+  if (!dtype) return InvalidArgument(fmt::format("KV layout: unknown dtype '{}'", l.dtype()));
+  KvLayout out = layout_numbers_from_proto(l);
+  out.dtype = *dtype;
   if (std::string why = out.validate(); !why.empty()) {
     return InvalidArgument("KV layout: " + why);
   }

@@ -16,15 +16,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-std::string_view finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kLength: return "length";
-    case FinishReason::kCancelled: return "cancelled";
-  }
-  return "unknown";
-}
-
 Generator::Generator(LlamaModel& model, const Tokenizer& tokenizer)
     : model_(model),
       tokenizer_(tokenizer),

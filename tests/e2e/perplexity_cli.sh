@@ -3,7 +3,7 @@
 # `cleave perplexity` on stories260K: the figure on stdout, progress on stderr, the same figure
 # whatever --batch, and clear errors for a bad --ctx, a missing file and a text too short for one
 # window. (The figure itself is checked against an independent computation in
-# tests/unit/engine/scoring_test.cpp.)
+# tests/unit/engine/perplexity_test.cpp.)
 set -u
 cleave="$1"
 models="$2"

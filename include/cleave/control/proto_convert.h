@@ -22,6 +22,9 @@ SamplingParams from_proto(const v1::SamplingParams& p);
 void to_proto(const KvLayout& l, v1::KvLayoutInfo* out);
 // InvalidArgument for an unknown dtype name or a layout that does not validate().
 Result<KvLayout> from_proto(const v1::KvLayoutInfo& l);
+// The numeric fields only, copied as sent: no dtype (the message names it; kv_layout.h's
+// pairing_mismatch takes that name) and no validation.
+KvLayout layout_numbers_from_proto(const v1::KvLayoutInfo& l);
 
 // StatusCode -> grpc::StatusCode of the same meaning, message kept.
 grpc::Status to_grpc(const Status& s);

@@ -27,8 +27,7 @@
 
 namespace cleave {
 
-// FinishReason: request/request.h.
-std::string_view finish_reason_name(FinishReason r);  // "stop", "length", "cancelled"
+// FinishReason and finish_reason_name: request/request.h.
 
 struct GenerationStats {
   int64_t prompt_tokens = 0;

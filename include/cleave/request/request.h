@@ -1,9 +1,9 @@
 // The vocabulary of one inference request shared by the router, the control-plane client and
-// the workers: its id and how it finished (its wire name, finish_reason_name, is written by the
-// engine: engine/generator.h). Sampling parameters: sampling_params.h.
+// the workers: its id and how it finished. Sampling parameters: sampling_params.h.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace cleave {
 
@@ -16,5 +16,8 @@ enum class FinishReason : uint8_t {
   kLength,     // max_tokens reached, or the context is full
   kCancelled,  // the token callback returned false
 };
+
+// The wire name (OpenAI's finish_reason): "stop", "length", "cancelled".
+std::string_view finish_reason_name(FinishReason r);
 
 }  // namespace cleave

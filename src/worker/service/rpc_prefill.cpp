@@ -16,16 +16,8 @@ using Clock = std::chrono::steady_clock;
 // The pairing check on the message's raw fields, before anything is parsed, so that a layout
 // this build cannot represent is still refused as a mismatch that names the field.
 std::string pairing_problem(const WorkerCore& core, const v1::KvDestination& d) {
-  const v1::KvLayoutInfo& l = d.layout();
-  KvLayout remote;
-  remote.version = l.version();
-  remote.block_size = l.block_size();
-  remote.n_layers = l.n_layers();
-  remote.n_kv_heads = l.n_kv_heads();
-  remote.head_dim = l.head_dim();
-  remote.num_blocks = l.num_blocks();
   return pairing_mismatch(core.model_fingerprint, core.engine->kv_layout(), d.model_fingerprint(),
-                          remote, l.dtype());
+                          layout_numbers_from_proto(d.layout()), d.layout().dtype());
 }
 
 // Why the handler cancelled the prefill, if it did.
