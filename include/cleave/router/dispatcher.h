@@ -25,12 +25,14 @@
 // has returned (a first attempt that fails at once may even report on the calling thread):
 // do not hold, around submit(), a lock that the callbacks take.
 //
-// Settings and the factory: dispatch_options.h (DispatcherOptions, make_dispatcher).
+// Settings and the factory: dispatch_options.h (DispatcherOptions, make_dispatcher). One request
+// run to its end by a blocking caller: run_request.h.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,9 +44,21 @@
 namespace cleave::router {
 
 struct DispatchRequest {
-  std::vector<int32_t> prompt;    // token ids (BOS included when the model wants one)
-  SamplingParams params;          // validated, max_tokens and seed resolved
-  std::string prefix_key_hint;    // unused by the dispatcher's hash-based prefix policy; free
+  std::vector<int32_t> prompt{};   // token ids (BOS included when the model wants one)
+  SamplingParams params{};         // validated, max_tokens and seed resolved
+  std::string prefix_key_hint{};   // unused by the dispatcher's hash-based prefix policy; free
+  // The worker-side request id of the first attempt (unset: one of the dispatcher's). It must
+  // be unique among the requests in flight on the workers it goes to. A retry draws one of the
+  // dispatcher's, so that it never meets what the failed attempt left on a worker.
+  std::optional<uint64_t> request_id{};
+};
+
+// What a prefill worker reported of the KV it wrote into the decode worker (its
+// PrefillResponse), for a disaggregated request.
+struct PrefillFigures {
+  uint64_t kv_bytes = 0;           // KV bytes written into the decode worker's blocks
+  double kv_tail_seconds = 0;      // end of the last layer's compute -> the KV in place
+  double kv_transfer_seconds = 0;  // first KV write -> the KV in place
 };
 
 // What the HTTP or gRPC frontend hears about one request.
@@ -56,6 +70,9 @@ class RequestObserver {
   virtual void on_event(const v1::TokenEvent& event) = 0;
   // The request failed; `started` says whether any event was delivered before. Nothing follows.
   virtual void on_error(const Status& error, bool started) = 0;
+  // Disaggregated: the prefill has answered; called once, just before its first token goes to
+  // on_event (not for an attempt that failed, nor in unified mode). Default: ignored.
+  virtual void on_prefilled(const PrefillFigures& figures) { (void)figures; }
 };
 
 // A request in flight; cancel() ends it on its workers (client disconnect) and frees their
@@ -82,10 +99,19 @@ class Dispatcher {
  public:
   virtual ~Dispatcher() = default;
   // ResourceExhausted when the queue is full; Unavailable when no worker can take it now.
+  // The dispatcher drops its reference to `observer` once the request is over (finished,
+  // failed, or cancelled and its RPC in flight ended), and holds no other.
   virtual Result<std::shared_ptr<DispatchHandle>> submit(DispatchRequest request,
                                                          std::shared_ptr<RequestObserver> observer) = 0;
   // Every pool has at least one ready worker (and, disaggregated, one accepted pair).
   virtual bool ready() const = 0;
+  // Why ready() is false: OK when ready; FailedPrecondition with what differs when the ready
+  // prefill and decode workers are all refused as pairs (check_pairing, worker_client.h);
+  // otherwise Unavailable naming the pools without a ready worker and each worker's last reason
+  // (e.g. its address and the connection error). The default knows no reasons.
+  virtual Status readiness() const {
+    return ready() ? Status::Ok() : Unavailable("no worker is ready");
+  }
   // Waits until ready() or `timeout` passes; returns ready().
   virtual bool wait_ready(std::chrono::milliseconds timeout) const {
     const auto until = std::chrono::steady_clock::now() + timeout;

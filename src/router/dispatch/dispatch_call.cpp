@@ -93,7 +93,10 @@ bool DispatchCore::wait_no_calls(std::chrono::milliseconds timeout) {
 
 DispatchCall::DispatchCall(std::shared_ptr<DispatchCore> core, DispatchRequest request,
                            std::shared_ptr<RequestObserver> observer)
-    : core_(std::move(core)), prompt_(std::move(request.prompt)), observer_(std::move(observer)) {
+    : core_(std::move(core)),
+      prompt_(std::move(request.prompt)),
+      first_id_(request.request_id),
+      observer_(std::move(observer)) {
   to_proto(request.params, &params_);
 }
 
@@ -105,7 +108,7 @@ void DispatchCall::begin_attempt(Assignment workers) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++attempt_;
-    id_ = core_->next_request_id();
+    id_ = attempt_ == 1 && first_id_ ? *first_id_ : core_->next_request_id();
     workers_ = std::move(workers);
   }
   if (workers_.unified) {
@@ -282,6 +285,14 @@ bool DispatchCall::deliver(const v1::TokenEvent& event) {
     return false;
   }
   return true;
+}
+
+void DispatchCall::deliver_prefilled(const PrefillFigures& figures) {
+  std::lock_guard<std::mutex> lock(deliver_mu_);
+  if (cancelled() || delivered_terminal_ || !observer_) return;
+  delivering_.store(std::this_thread::get_id(), std::memory_order_release);
+  observer_->on_prefilled(figures);
+  delivering_.store(std::thread::id{}, std::memory_order_release);
 }
 
 void DispatchCall::deliver_error(const Status& error) {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -115,6 +116,7 @@ class DispatchCall final : public DispatchHandle,
   // false when nothing may be delivered any more (cancelled, or the request has ended).
   bool deliver(const v1::TokenEvent& event);
   void deliver_error(const Status& error);
+  void deliver_prefilled(const PrefillFigures& figures);
 
   // ---- RPC stages (dispatch_stages.cpp) ----
   void start_reserve();
@@ -130,6 +132,7 @@ class DispatchCall final : public DispatchHandle,
   const std::shared_ptr<DispatchCore> core_;
   const std::vector<int32_t> prompt_;
   v1::SamplingParams params_;
+  const std::optional<uint64_t> first_id_;  // the caller's id for the first attempt
 
   // Observer side.
   std::mutex deliver_mu_;

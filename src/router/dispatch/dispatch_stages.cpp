@@ -157,6 +157,9 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
         }
         const v1::TokenEvent& first = r.first();
         self->cached_prompt_tokens_ = first.usage().cached_prompt_tokens();
+        self->deliver_prefilled(PrefillFigures{.kv_bytes = r.kv_bytes(),
+                                               .kv_tail_seconds = r.kv_tail_seconds(),
+                                               .kv_transfer_seconds = r.kv_transfer_seconds()});
         const bool delivered = self->deliver(first);
         if (first.finished()) {
           // Nothing was written for the decode side: its blocks go back at once.

@@ -56,6 +56,11 @@ class DispatcherImpl final : public Dispatcher {
 
   bool ready() const override { return !core_->stopping.load() && core_->pools.ready(); }
 
+  Status readiness() const override {
+    if (core_->stopping.load()) return Unavailable("the router is shutting down");
+    return core_->pools.readiness();
+  }
+
   std::vector<PoolSnapshot> pools() const override { return core_->pools.snapshot(); }
 
   v1::WorkerInfo model_info() const override { return core_->pools.model_info(); }

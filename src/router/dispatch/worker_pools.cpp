@@ -179,14 +179,14 @@ void WorkerPools::update_pairings() {
         log::error("dispatch: prefill worker {} and decode worker {} cannot pair: {}", pa, da,
                    s.message());
       }
-      pairings_[key] = s.ok();
+      pairings_[key] = s;
     }
   }
 }
 
 bool WorkerPools::paired(uint64_t prefill, uint64_t decode) const {
   auto it = pairings_.find({prefill, decode});
-  return it != pairings_.end() && it->second;
+  return it != pairings_.end() && it->second.ok();
 }
 
 WorkerCandidate WorkerPools::candidate(const Member& m) {
@@ -290,6 +290,10 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
 
 bool WorkerPools::ready() const {
   std::lock_guard<std::mutex> lock(mu_);
+  return ready_locked();
+}
+
+bool WorkerPools::ready_locked() const {
   if (options_.mode == DispatchMode::kUnified) {
     for (const auto& [a, m] : pool(PoolRole::kUnified).members) {
       if (m.ready) return true;
@@ -303,6 +307,41 @@ bool WorkerPools::ready() const {
     }
   }
   return false;
+}
+
+Status WorkerPools::readiness() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ready_locked()) return Status::Ok();
+  std::vector<std::string> missing;
+  for (PoolRole role : roles()) {
+    const Pool& p = pool(role);
+    bool any_ready = false;
+    std::string why;
+    for (const auto& [address, m] : p.members) {
+      any_ready = any_ready || m.ready;
+      why += fmt::format("{}{}: {}", why.empty() ? "" : "; ", address, m.not_ready_why);
+    }
+    if (any_ready) continue;
+    missing.push_back(p.members.empty()
+                          ? fmt::format("the {} pool has no worker", pool_role_name(role))
+                          : fmt::format("no {} worker is ready ({})", pool_role_name(role), why));
+  }
+  if (!missing.empty()) {
+    std::string msg;
+    for (const std::string& m : missing) msg += (msg.empty() ? "" : "; ") + m;
+    return Unavailable(std::move(msg));
+  }
+  // Both pools have ready workers, and no pair of them is accepted: say why for each.
+  std::string msg;
+  for (const auto& [pa, p] : pool(PoolRole::kPrefill).members) {
+    for (const auto& [da, d] : pool(PoolRole::kDecode).members) {
+      if (!p.ready || !d.ready) continue;
+      auto it = pairings_.find({p.endpoint->key, d.endpoint->key});
+      if (it == pairings_.end() || it->second.ok()) continue;
+      msg += (msg.empty() ? "" : "; ") + it->second.message();
+    }
+  }
+  return FailedPrecondition(msg.empty() ? "no prefill and decode worker pair is accepted" : msg);
 }
 
 std::vector<PoolSnapshot> WorkerPools::snapshot() const {

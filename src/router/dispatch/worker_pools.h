@@ -89,6 +89,10 @@ class WorkerPools {
   Result<Assignment> choose(std::span<const int32_t> prompt, std::span<const uint64_t> excluded);
 
   bool ready() const;
+  // Dispatcher::readiness(): OK when ready(); FailedPrecondition with the pairing refusals when
+  // ready workers exist in both pools but no pair of them is accepted; else Unavailable naming
+  // each pool without a ready worker and its workers' last reasons.
+  Status readiness() const;
   std::vector<PoolSnapshot> snapshot() const;
   v1::WorkerInfo model_info() const;
 
@@ -115,6 +119,7 @@ class WorkerPools {
   void forget_worker(uint64_t key);
   void update_pairings();
   bool paired(uint64_t prefill, uint64_t decode) const;
+  bool ready_locked() const;
   static WorkerCandidate candidate(const Member& m);
   // The block hashes prefix_aware needs for `prompt` in the pool of `role`; empty when its
   // policy does not read them or no worker's info is known yet.
@@ -123,8 +128,9 @@ class WorkerPools {
   const DispatcherOptions options_;
   mutable std::mutex mu_;
   Pool pools_[kNumPoolRoles];
-  // (prefill key, decode key) -> accepted; computed once both infos are known.
-  std::map<std::pair<uint64_t, uint64_t>, bool> pairings_;
+  // (prefill key, decode key) -> check_pairing's verdict (OK: accepted); computed once both
+  // workers are ready.
+  std::map<std::pair<uint64_t, uint64_t>, Status> pairings_;
   uint64_t next_key_ = 1;
   // Hashing parameters from the first known worker info (0 until then).
   int64_t hash_block_size_ = 0;
