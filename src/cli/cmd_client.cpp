@@ -1,8 +1,11 @@
 // `cleave client`: runs one request against running workers, disaggregated (a prefill and a
 // decode worker) or on a unified worker, and prints the generated text as it streams (or, with
-// --json, one JSON object with the tokens, text, finish reason, usage and timings).
+// --json, one JSON object with the tokens, text, finish reason, usage and timings). The request
+// goes through the router's dispatcher (router/run_request.h) over the given addresses, with
+// one attempt: a worker's error is reported, not retried elsewhere.
 // The workers own the model: a text prompt is tokenized here only with --model (the same model
 // file, for its tokenizer); otherwise the prompt is given as token ids.
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -11,7 +14,8 @@
 #include <vector>
 
 #include "cleave/common/log.h"
-#include "cleave/control/worker_client.h"
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/run_request.h"
 #include "cleave/model/model_file.h"
 #include "cleave/model/tokenizer.h"
 #include "commands.h"
@@ -40,6 +44,10 @@ struct ClientFlags {
   int64_t timeout_ms = 600000;
   bool json = false;
 };
+
+// How long the workers may take to be reachable (and paired), and the deadline of Reserve.
+constexpr std::chrono::milliseconds kConnectTimeout{5000};
+constexpr std::chrono::milliseconds kUnaryTimeout{10000};
 
 uint64_t random_u64() {
   std::random_device rd;
@@ -74,26 +82,41 @@ nlohmann::json usage_json(const v1::Usage& u) {
           {"cached_prompt_tokens", u.cached_prompt_tokens()}};
 }
 
+// The dispatcher over the given workers: one pool per role, one attempt per request. Its
+// deadlines are --timeout-ms for the prefill, the first token and each later token.
+Result<std::unique_ptr<router::Dispatcher>> client_dispatcher(const ClientFlags& f) {
+  router::DispatcherOptions o;
+  if (!f.unified.empty()) {
+    o.mode = router::DispatchMode::kUnified;
+    o.unified.workers = {f.unified};
+    o.unified.policy = router::DispatchPolicyKind::kRoundRobin;
+  } else {
+    o.mode = router::DispatchMode::kDisaggregated;
+    o.prefill.workers = {f.prefill};
+    o.prefill.policy = router::DispatchPolicyKind::kRoundRobin;
+    o.decode.workers = {f.decode};
+    o.decode.policy = router::DispatchPolicyKind::kRoundRobin;
+  }
+  o.max_attempts = 1;
+  o.lease = std::chrono::milliseconds(f.lease_ms);
+  o.timeouts.reserve = kUnaryTimeout;
+  o.timeouts.prefill = std::chrono::milliseconds(f.timeout_ms);
+  o.timeouts.first_token = std::chrono::milliseconds(f.timeout_ms);
+  o.timeouts.stream_idle = std::chrono::milliseconds(f.timeout_ms);
+  return router::make_dispatcher(o);
+}
+
 Status run_client(const ClientFlags& f) {
   CLEAVE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, prompt_ids(f));
 
-  WorkerClientOptions opts;
-  opts.prefill_timeout = std::chrono::milliseconds(f.timeout_ms);
-  opts.stream_timeout = std::chrono::milliseconds(f.timeout_ms);
   const bool unified = !f.unified.empty();
-  std::unique_ptr<WorkerClient> unified_client, prefill_client, decode_client;
-  if (unified) {
-    CLEAVE_ASSIGN_OR_RETURN(unified_client, WorkerClient::connect(f.unified, opts));
-  } else {
-    CLEAVE_ASSIGN_OR_RETURN(prefill_client, WorkerClient::connect(f.prefill, opts));
-    CLEAVE_ASSIGN_OR_RETURN(decode_client, WorkerClient::connect(f.decode, opts));
-    CLEAVE_RETURN_IF_ERROR(pair_workers(*prefill_client, *decode_client));
-  }
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<router::Dispatcher> dispatcher, client_dispatcher(f));
+  // Every worker answered its probe and, disaggregated, the pair was accepted (pairing check).
+  CLEAVE_RETURN_IF_ERROR(router::wait_until_ready(*dispatcher, kConnectTimeout));
 
-  InferenceRequest req;
-  req.id = f.request_id ? *f.request_id : random_u64();
+  router::DispatchRequest req;
+  req.request_id = f.request_id ? *f.request_id : random_u64();
   req.prompt = std::move(prompt);
-  req.lease = std::chrono::milliseconds(f.lease_ms);
   req.params.max_tokens = f.max_tokens;
   req.params.temperature = f.temperature;
   req.params.top_k = f.top_k;
@@ -102,6 +125,9 @@ Status run_client(const ClientFlags& f) {
   req.params.logprobs = f.logprobs;
   req.params.seed = f.seed ? *f.seed : random_u64();
   if (!f.seed) log::info("seed {}", req.params.seed);
+  const uint64_t request_id = *req.request_id;
+  const std::vector<int32_t> prompt_token_ids = req.prompt;
+  const uint64_t seed = req.params.seed;
 
   nlohmann::json tokens = nlohmann::json::array();
   nlohmann::json logprobs = nlohmann::json::array();
@@ -123,24 +149,22 @@ Status run_client(const ClientFlags& f) {
     }
     return true;
   };
-  CLEAVE_ASSIGN_OR_RETURN(
-      InferenceOutcome out,
-      unified ? run_unified(*unified_client, req, on_event)
-              : run_disaggregated(*prefill_client, *decode_client, req, on_event));
+  CLEAVE_ASSIGN_OR_RETURN(router::RequestOutcome out,
+                          router::run_request(*dispatcher, std::move(req), on_event));
   log::info("request {}: {} events, ttft {:.4f} s, total {:.4f} s, kv tail {:.6f} s, {} KV bytes",
-            req.id, out.events, out.ttft_seconds, out.total_seconds, out.kv_tail_seconds,
+            request_id, out.events, out.ttft_seconds, out.total_seconds, out.kv_tail_seconds,
             out.kv_bytes);
   if (f.json) {
     nlohmann::json j = {
-        {"request_id", req.id},
+        {"request_id", request_id},
         {"mode", unified ? "unified" : "disaggregated"},
-        {"prompt_token_ids", req.prompt},
+        {"prompt_token_ids", prompt_token_ids},
         {"tokens", tokens},
         {"text", text},
         {"finish_reason", out.last.finish_reason()},
         {"stop_string", out.last.stop_string()},
         {"usage", usage_json(out.last.usage())},
-        {"seed", req.params.seed},
+        {"seed", seed},
         {"ttft_seconds", out.ttft_seconds},
         {"total_seconds", out.total_seconds},
         {"handed_off", out.handed_off},
@@ -191,7 +215,8 @@ void add_client_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--request-id", f->request_id, "request id (default: random)");
   cmd->add_option("--lease-ms", f->lease_ms, "decode reservation lease (0: the worker's default)")
       ->check(CLI::Range(int64_t{0}, int64_t{3600000}))->capture_default_str();
-  cmd->add_option("--timeout-ms", f->timeout_ms, "deadline of the prefill and of the token stream")
+  cmd->add_option("--timeout-ms", f->timeout_ms,
+                  "deadline of the prefill, of the first token and of each next one")
       ->check(CLI::Range(int64_t{1}, int64_t{86400000}))->capture_default_str();
   cmd->add_flag("--json", f->json, "print one JSON object (tokens, text, usage, timings)");
   cmd->callback([f, prompt, prompt_tokens, exit_code] {
