@@ -8,7 +8,8 @@
 // tcp;ofi_rxm; the cleave binary defaults to ../bin/cleave beside this bench) on a synthetic
 // ~28M-parameter Llama (8 layers, dim 512, 8 heads, 4 KV heads, FFN 1408, vocab 4096, f16;
 // written to a temp file unless --model) and measures, for an N-token prompt (default 2,048):
-//   ttft_seconds                 Reserve -> Prefill -> first token through the client
+//   ttft_seconds                 Reserve -> Prefill -> first token through the router's
+//                                dispatcher over the pair (router/run_request.h)
 //   kv_tail_seconds              as the prefill reports it: end of the last layer's compute ->
 //                                the notice placed at the decode worker
 //   transfer_one_layer_seconds   one layer's KV blocks of the prompt, written by this process
@@ -34,16 +35,18 @@
 #include <string>
 #include <vector>
 
-#include "../tests/integration/worker/worker_process.h"
 #include "bench_flags.h"
 #include "bench_json.h"
 #include "cleave/common/status.h"
 #include "cleave/model/model_file.h"
 #include "cleave/model/synth.h"
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/run_request.h"
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/worker/kv_export.h"
 #include "cleave/worker/proto_convert.h"
 #include "cleave/worker/worker_client.h"
+#include "worker_process.h"
 
 namespace {
 
@@ -247,7 +250,16 @@ Status run(const Options& o) {
   co.prefill_timeout = std::chrono::minutes(10);
   CLEAVE_ASSIGN_OR_RETURN(auto prefill, cleave::WorkerClient::connect(prefill_proc->address(), co));
   CLEAVE_ASSIGN_OR_RETURN(auto decode, cleave::WorkerClient::connect(decode_proc->address(), co));
-  CLEAVE_RETURN_IF_ERROR(cleave::pair_workers(*prefill, *decode));
+  // The requests go through the router's dispatcher over this one pair (one attempt each).
+  cleave::router::DispatcherOptions dopts;
+  dopts.mode = cleave::router::DispatchMode::kDisaggregated;
+  dopts.prefill.workers = {prefill_proc->address()};
+  dopts.decode.workers = {decode_proc->address()};
+  dopts.max_attempts = 1;
+  dopts.lease = std::chrono::minutes(10);
+  dopts.timeouts.prefill = std::chrono::minutes(10);
+  CLEAVE_ASSIGN_OR_RETURN(auto dispatcher, cleave::router::make_dispatcher(dopts));
+  CLEAVE_RETURN_IF_ERROR(cleave::router::wait_until_ready(*dispatcher, std::chrono::seconds(10)));
   CLEAVE_ASSIGN_OR_RETURN(cleave::v1::WorkerInfo info, decode->info());
   const int64_t n_layers = info.kv_layout().n_layers();
 
@@ -267,7 +279,7 @@ Status run(const Options& o) {
   sp.ignore_eos = true;
   auto ignore = [](const cleave::v1::TokenEvent&) { return true; };
   CLEAVE_RETURN_IF_ERROR(
-      cleave::run_disaggregated(*prefill, *decode, {1, {1, 2, 3, 4, 5, 6, 7, 8}, sp}, ignore).status());
+      cleave::router::run_request(*dispatcher, {{1, 2, 3, 4, 5, 6, 7, 8}, sp}, ignore).status());
 
   std::vector<double> ttft, tail;
   uint64_t kv_bytes = 0;
@@ -275,12 +287,8 @@ Status run(const Options& o) {
   for (int64_t r = 0; r < o.runs; ++r) {
     std::vector<int32_t> prompt(static_cast<size_t>(o.prompt_tokens));
     for (auto& t : prompt) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab - 2));
-    CLEAVE_ASSIGN_OR_RETURN(
-        cleave::InferenceOutcome out,
-        cleave::run_disaggregated(*prefill, *decode,
-                                  {static_cast<cleave::RequestId>(100 + r), prompt, sp,
-                                   std::chrono::minutes(10)},
-                                  ignore));
+    CLEAVE_ASSIGN_OR_RETURN(cleave::router::RequestOutcome out,
+                            cleave::router::run_request(*dispatcher, {prompt, sp}, ignore));
     if (!out.handed_off) return cleave::Internal("the request ended with its first token");
     ttft.push_back(out.ttft_seconds);
     tail.push_back(out.kv_tail_seconds);

@@ -1,10 +1,7 @@
 // The client side of the worker control plane (proto/cleave/v1/worker.proto): WorkerClient, one
-// gRPC channel to one worker with a deadline on every call, and the orchestration of one
-// request over workers that the router and `cleave client` share:
-//
-//   disaggregated:  decode.Reserve -> prefill.Prefill(destination) -> first token to the caller
-//                   -> decode.Decode (stream) for the rest, unless the first token ended it
-//   unified:        unified.Generate (stream)
+// gRPC channel to one worker with a deadline on every call, and the pairing check of a
+// (prefill, decode) pair. The orchestration of a request over workers is the router's
+// Dispatcher (router/dispatcher.h; router/run_request.h to run one and wait for it).
 //
 // Errors: every RPC failure comes back as a cleave::Status (from_grpc, control/proto_convert.h)
 // whose message names the worker and the RPC, e.g. "worker 127.0.0.1:7001: Prefill: ...".
@@ -106,41 +103,5 @@ class WorkerClient {
 Status check_pairing(const v1::WorkerInfo& prefill, const v1::WorkerInfo& decode);
 // GetInfo on both workers, then check_pairing.
 Status pair_workers(WorkerClient& prefill, WorkerClient& decode);
-
-// ---- One request over workers ----
-
-struct InferenceRequest {
-  RequestId id = 0;  // unique among the requests in flight on the workers it goes to
-  std::vector<int32_t> prompt;
-  SamplingParams params;
-  std::chrono::milliseconds lease{0};  // the decode reservation's lease (0: the worker's default)
-};
-
-struct InferenceOutcome {
-  // The finished event as the callback saw it (usage of the whole request: cached_prompt_tokens
-  // is the prefill's when its first event carries a usage); empty when the request was
-  // cancelled.
-  v1::TokenEvent last;
-  bool cancelled = false;        // the callback returned false
-  bool handed_off = false;       // the decode worker generated the tokens after the first
-  int64_t events = 0;            // events delivered to the callback
-  double ttft_seconds = 0;       // from the call to the first token's callback
-  double total_seconds = 0;      // from the call to the end
-  double kv_tail_seconds = 0;    // the prefill's report (disaggregated, handed off)
-  uint64_t kv_bytes = 0;         // KV bytes the prefill wrote into the decode worker
-};
-
-// Runs `req` disaggregated. Reserve on `decode`; Prefill on `prefill` with that destination;
-// the first token goes to `on_event`; unless it finished the request, Decode on `decode`
-// streams the rest. When the prefill fails or finishes the request the reservation is
-// released; when `on_event` returns false the request is aborted on both workers. An error of
-// any step is returned (the reservation released or the request aborted first, best effort).
-// The pairing is not checked here (pair_workers once per pair).
-Result<InferenceOutcome> run_disaggregated(WorkerClient& prefill, WorkerClient& decode,
-                                           const InferenceRequest& req,
-                                           const TokenEventCallback& on_event);
-// Runs `req` on a unified worker (Generate); on_event returning false aborts it.
-Result<InferenceOutcome> run_unified(WorkerClient& unified, const InferenceRequest& req,
-                                     const TokenEventCallback& on_event);
 
 }  // namespace cleave

@@ -1,6 +1,7 @@
 // Not named *_test.cpp: tests/worker.cmake registers it (it needs the cleave binary).
 // Real `cleave worker` processes on 127.0.0.1, over tcp;ofi_rxm and over shm: a prefill and a
-// decode worker (and a unified one) driven through WorkerClient, as the router will drive them.
+// decode worker (and a unified one) driven through the router's dispatcher over that fixed
+// pair (router/run_request.h), as `cleave router` and `cleave client` drive them.
 //  - many concurrent prompts give, greedy, the same tokens disaggregated, unified and through
 //    the single-sequence engine (Generator in this process);
 //  - the stories260K golden text comes out of the disaggregated path (`cleave client`);
@@ -101,20 +102,23 @@ TEST_P(DisaggregationTest, ManyPromptsGiveTheSameTokensDisaggregatedUnifiedAndAl
   auto unified = connect(*unified_proc);
   ASSERT_TRUE(prefill && decode && unified);
   ASSERT_TRUE(pair_workers(*prefill, *decode).ok());
+  auto disagg_dispatcher = ready_dispatcher(pair_options(*prefill_proc, *decode_proc, 20s));
+  auto unified_dispatcher = ready_dispatcher(unified_options(*unified_proc));
+  ASSERT_TRUE(disagg_dispatcher && unified_dispatcher);
 
   std::vector<Collected> disagg(kPrompts), uni(kPrompts);
   {
     std::vector<std::thread> threads;
     for (int i = 0; i < kPrompts; ++i) {
       threads.emplace_back([&, i] {
-        InferenceRequest req{static_cast<RequestId>(1000 + i), prompts[i], params[i], 20s};
-        auto out = run_disaggregated(*prefill, *decode, req, collect_into(disagg[i]));
+        auto out = router::run_request(*disagg_dispatcher, {prompts[i], params[i]},
+                                       collect_into(disagg[i]));
         disagg[i].status = out.status();
         if (out.ok()) disagg[i].outcome = *out;
       });
       threads.emplace_back([&, i] {
-        InferenceRequest req{static_cast<RequestId>(5000 + i), prompts[i], params[i]};
-        auto out = run_unified(*unified, req, collect_into(uni[i]));
+        auto out = router::run_request(*unified_dispatcher, {prompts[i], params[i]},
+                                       collect_into(uni[i]));
         uni[i].status = out.status();
         if (out.ok()) uni[i].outcome = *out;
       });
@@ -150,8 +154,7 @@ TEST_P(DisaggregationTest, ManyPromptsGiveTheSameTokensDisaggregatedUnifiedAndAl
   // Once more, alone: the shared prefix now comes from the prefill's cache (the cached blocks
   // are still sent), and the tokens do not change.
   Collected again;
-  auto out = run_disaggregated(*prefill, *decode, InferenceRequest{9999, prompts[2], params[2]},
-                               collect_into(again));
+  auto out = router::run_request(*disagg_dispatcher, {prompts[2], params[2]}, collect_into(again));
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ(again.tokens, alone[2].tokens);
   EXPECT_EQ(again.text, alone[2].text);
@@ -204,8 +207,9 @@ TEST_P(DisaggregationTest, GoldenStoriesTextThroughTheClientCommand) {
   EXPECT_TRUE(drains(*decode, 10s));
 }
 
-// A decode worker with another block size cannot take this prefill's KV: pairing says so, and
-// a prefill sent there anyway is refused before anything is written, the reservation freed.
+// A decode worker with another block size cannot take this prefill's KV: pairing says so (and
+// the dispatcher, which never uses the pair), and a prefill sent there anyway is refused before
+// anything is written, the reservation left to free.
 TEST_P(DisaggregationTest, PairingMismatchIsRefusedWithWhatDiffers) {
   if (!fs::exists(stories_path())) GTEST_SKIP() << stories_path() << " is absent";
   auto procs = start_workers(
@@ -222,12 +226,32 @@ TEST_P(DisaggregationTest, PairingMismatchIsRefusedWithWhatDiffers) {
   EXPECT_NE(paired.message().find("block_size"), std::string::npos) << paired.to_string();
   EXPECT_EQ(pair_workers(*decode, *prefill).code(), StatusCode::kFailedPrecondition);
 
+  // The dispatcher over the pair: both workers healthy, the pair refused with what differs,
+  // and no request sent there.
+  auto d = router::make_dispatcher(pair_options(*prefill_proc, *decode_proc));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  const Status ready = router::wait_until_ready(**d, 10s);
+  EXPECT_EQ(ready.code(), StatusCode::kFailedPrecondition) << ready.to_string();
+  EXPECT_NE(ready.message().find("block_size"), std::string::npos) << ready.to_string();
   Collected c;
-  InferenceRequest req{77, {1, 300, 301, 302}, greedy(8)};
-  auto out = run_disaggregated(*prefill, *decode, req, collect_into(c));
+  auto refused = router::run_request(**d, {{1, 300, 301, 302}, greedy(8)}, collect_into(c));
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().to_string();
+  EXPECT_TRUE(c.tokens.empty());
+
+  // Reserve and Prefill by hand: the prefill worker refuses to write into that destination.
+  auto dest = decode->reserve(77, 4);
+  ASSERT_TRUE(dest.ok()) << dest.status().to_string();
+  v1::PrefillRequest req;
+  req.set_request_id(77);
+  for (int32_t t : {1, 300, 301, 302}) req.add_prompt_tokens(t);
+  to_proto(greedy(8), req.mutable_params());
+  *req.mutable_destination() = std::move(*dest);
+  auto out = prefill->prefill(req);
   EXPECT_EQ(out.status().code(), StatusCode::kFailedPrecondition) << out.status().to_string();
   EXPECT_NE(out.status().message().find("block_size"), std::string::npos) << out.status().to_string();
-  EXPECT_TRUE(c.tokens.empty());
+  auto released = decode->release(77);
+  ASSERT_TRUE(released.ok()) << released.status().to_string();
+  EXPECT_TRUE(*released) << "the refused prefill took the reservation";
 
   EXPECT_TRUE(drains(*prefill, 10s));
   EXPECT_TRUE(drains(*decode, 10s));
@@ -244,6 +268,9 @@ TEST_P(DisaggregationTest, CancelledRequestsFreeEveryBlock) {
   auto decode = connect(*procs[1]);
   auto unified = connect(*procs[2]);
   ASSERT_TRUE(prefill && decode && unified);
+  auto disagg_dispatcher = ready_dispatcher(pair_options(*procs[0], *procs[1], 20s));
+  auto unified_dispatcher = ready_dispatcher(unified_options(*procs[2]));
+  ASSERT_TRUE(disagg_dispatcher && unified_dispatcher);
 
   constexpr int kRequests = 8;
   std::vector<std::thread> threads;
@@ -255,14 +282,13 @@ TEST_P(DisaggregationTest, CancelledRequestsFreeEveryBlock) {
       threads.emplace_back([&, i, mode] {
         const int k = mode * kRequests + i;
         const int stop_after = 1 + i;  // tokens seen before the callback says stop
-        InferenceRequest req{static_cast<RequestId>(200 + k), {1, 400, 401, 402, 403},
-                             greedy(100, 0, true), 20s};
+        const router::DispatchRequest req{{1, 400, 401, 402, 403}, greedy(100, 0, true)};
         auto on_event = [&, k, stop_after](const v1::TokenEvent& ev) {
           if (ev.has_token()) ++seen[k];
           return seen[k] < stop_after;
         };
-        auto out = mode == 0 ? run_disaggregated(*prefill, *decode, req, on_event)
-                             : run_unified(*unified, req, on_event);
+        auto out = router::run_request(mode == 0 ? *disagg_dispatcher : *unified_dispatcher, req,
+                                       on_event);
         errors[k] = out.status();
         if (out.ok()) cancelled[k] = out->cancelled;
       });

@@ -149,10 +149,11 @@ TEST_P(WorkerFailureTest, PrefillKilledMidTransferDecodeFreesTheReservationWithi
   ASSERT_TRUE(prefill2_proc);
   auto prefill2 = connect(*prefill2_proc);
   ASSERT_TRUE(prefill2);
+  auto dispatcher = ready_dispatcher(pair_options(*prefill2_proc, *decode_proc));
+  ASSERT_TRUE(dispatcher);
   Collected c;
-  auto out = run_disaggregated(*prefill2, *decode,
-                               InferenceRequest{3, {1000, 5, 6, 7}, greedy(6, 0, true)},
-                               collect_into(c));
+  auto out = router::run_request(*dispatcher, {{1000, 5, 6, 7}, greedy(6, 0, true)},
+                                 collect_into(c));
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ(c.tokens.size(), 6u);
   EXPECT_TRUE(drains(*prefill2, 10s));
@@ -200,10 +201,11 @@ TEST_P(WorkerFailureTest, DecodeKilledMidTransferPrefillFailsFastAndFreesItsBloc
   ASSERT_TRUE(decode2_proc);
   auto decode2 = connect(*decode2_proc);
   ASSERT_TRUE(decode2);
+  auto dispatcher = ready_dispatcher(pair_options(*prefill_proc, *decode2_proc));
+  ASSERT_TRUE(dispatcher);
   Collected c;
-  auto out = run_disaggregated(*prefill, *decode2,
-                               InferenceRequest{3, {1000, 5, 6, 7}, greedy(6, 0, true)},
-                               collect_into(c));
+  auto out = router::run_request(*dispatcher, {{1000, 5, 6, 7}, greedy(6, 0, true)},
+                                 collect_into(c));
   ASSERT_TRUE(out.ok()) << out.status().to_string();
   EXPECT_EQ(c.tokens.size(), 6u);
   EXPECT_TRUE(drains(*prefill, 10s));

@@ -1,5 +1,6 @@
 // The fixture of the multi-process worker tests: real `cleave worker` processes (this test's
-// transfer provider on 127.0.0.1), clients to them, and the checks every test ends with (the
+// transfer provider on 127.0.0.1), clients to them, the router's dispatcher over a fixed pair
+// (or one unified worker) to run requests through, and the checks every test ends with (the
 // pools drain). Every wait is bounded.
 #pragma once
 
@@ -15,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "cleave/router/dispatch_options.h"
+#include "cleave/router/run_request.h"
 #include "cleave/worker/worker_client.h"
 #include "fmt/format.h"
 #include "worker_process.h"
@@ -41,7 +44,7 @@ struct Collected {
   v1::Usage usage;
   int finished_events = 0;
   Status status;
-  InferenceOutcome outcome;
+  router::RequestOutcome outcome;
 };
 
 inline TokenEventCallback collect_into(Collected& c) {
@@ -55,6 +58,52 @@ inline TokenEventCallback collect_into(Collected& c) {
     }
     return true;
   };
+}
+
+// Dispatcher settings for one fixed set of workers: probes every 200 ms, one attempt per
+// request (a worker's error is the test's to see), the stage deadlines of the tests' clients.
+inline router::DispatcherOptions dispatcher_options() {
+  router::DispatcherOptions o;
+  o.health_interval = 200ms;
+  o.max_attempts = 1;
+  o.timeouts.reserve = 10s;
+  o.timeouts.prefill = 60s;
+  o.timeouts.first_token = 60s;
+  o.timeouts.stream_idle = 60s;
+  return o;
+}
+// Disaggregated over one prefill and one decode worker; `lease` of the reservations (0: the
+// decode worker's default).
+inline router::DispatcherOptions pair_options(const WorkerProcess& prefill,
+                                              const WorkerProcess& decode,
+                                              std::chrono::milliseconds lease = 0ms) {
+  router::DispatcherOptions o = dispatcher_options();
+  o.mode = router::DispatchMode::kDisaggregated;
+  o.prefill.workers = {prefill.address()};
+  o.decode.workers = {decode.address()};
+  o.lease = lease;
+  return o;
+}
+inline router::DispatcherOptions unified_options(const WorkerProcess& unified) {
+  router::DispatcherOptions o = dispatcher_options();
+  o.mode = router::DispatchMode::kUnified;
+  o.unified.workers = {unified.address()};
+  return o;
+}
+// The dispatcher, once ready (its workers probed and, disaggregated, the pair accepted);
+// nullptr with a test failure otherwise.
+inline std::unique_ptr<router::Dispatcher> ready_dispatcher(const router::DispatcherOptions& o) {
+  auto d = router::make_dispatcher(o);
+  if (!d.ok()) {
+    ADD_FAILURE() << d.status().to_string();
+    return nullptr;
+  }
+  const Status ready = router::wait_until_ready(**d, 10s);
+  if (!ready.ok()) {
+    ADD_FAILURE() << ready.to_string();
+    return nullptr;
+  }
+  return std::move(*d);
 }
 
 // Waits until the worker holds no block: nothing running, waiting, reserved or pinned, and

@@ -1,6 +1,7 @@
-// Helpers of the multi-process worker tests: a real `cleave worker` child process (posix_spawn,
-// its address read from the line it prints when it listens), and running a `cleave` command to
-// completion with its stdout captured. Every wait is bounded.
+// Helpers of the multi-process worker tests and of the benches (cleave::worker_process,
+// header-only): a real `cleave worker` child process (posix_spawn, its address read from the
+// line it prints when it listens), and running a `cleave` command to completion with its stdout
+// captured. Every wait is bounded.
 #pragma once
 
 #include <fcntl.h>
