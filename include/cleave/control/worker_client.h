@@ -26,7 +26,6 @@
 
 #include "cleave/common/status.h"
 #include "cleave/request/request.h"
-#include "cleave/request/sampling_params.h"
 #include "cleave/v1/worker.pb.h"
 
 namespace cleave {

@@ -225,6 +225,18 @@ std::string metrics_text(v1::Worker::Stub& stub) {
   return m.text();
 }
 
+// The metrics once they contain `needle`, polled for at most 5 s: a stream's RPC is counted when
+// the server is done with the call, which may be just after its client saw the final status.
+std::string metrics_once_they_have(v1::Worker::Stub& stub, std::string_view needle) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::string m = metrics_text(stub);
+  while (m.find(needle) == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    m = metrics_text(stub);
+  }
+  return m;
+}
+
 std::vector<std::vector<int32_t>> mixed_prompts(const Tokenizer& tok, int n) {
   std::mt19937 rng(1234);
   const int64_t lens[] = {1, 5, 16, 17, 40, 95, 130, 7};
@@ -293,11 +305,11 @@ TEST_F(WorkerServiceTest, UnifiedGenerateEqualsGenerator) {
   bad = generate(*w.stub, 3, std::vector<int32_t>(600, 5), greedy(4));
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::OUT_OF_RANGE);
 
-  const std::string m = metrics_text(*w.stub);
+  const std::string generated = "cleave:worker_rpcs_total{rpc=\"Generate\",code=\"OK\"} 6";
+  const std::string m = metrics_once_they_have(*w.stub, generated);
   EXPECT_NE(m.find("cleave:num_requests_running"), std::string::npos);
   EXPECT_NE(m.find("cleave:kv_cache_usage_perc"), std::string::npos);
-  EXPECT_NE(m.find("cleave:worker_rpcs_total{rpc=\"Generate\",code=\"OK\"} 6"), std::string::npos)
-      << m;
+  EXPECT_NE(m.find(generated), std::string::npos) << m;
 }
 
 class DisaggregatedTest : public WorkerServiceTest,
