@@ -113,6 +113,11 @@ void SseTimeline::on_event(double now_s, std::string_view data) {
     if (auto pt = u->find("prompt_tokens"); pt != u->end() && pt->is_number_integer()) {
       r_.prompt_tokens = pt->get<int64_t>();
     }
+    if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object()) {
+      if (auto ct = d->find("cached_tokens"); ct != d->end() && ct->is_number_integer()) {
+        r_.cached_prompt_tokens = ct->get<int64_t>();
+      }
+    }
   }
 }
 
@@ -245,13 +250,19 @@ BenchMetrics compute_metrics(const std::vector<RequestRecord>& records, double d
   BenchMetrics m;
   m.duration_s = duration_s;
   std::vector<double> ttfts, tpots, itls, e2els;
+  int64_t input_of_cache_reports = 0;  // prompt tokens of the requests that reported a cache
   for (const auto& r : records) {
     if (!r.success) {
       ++m.failed;
       continue;
     }
     ++m.completed;
-    m.total_input_tokens += r.prompt_tokens >= 0 ? r.prompt_tokens : r.input_len;
+    const int64_t input = r.prompt_tokens >= 0 ? r.prompt_tokens : r.input_len;
+    m.total_input_tokens += input;
+    if (r.cached_prompt_tokens >= 0) {
+      m.total_cached_input_tokens += r.cached_prompt_tokens;
+      input_of_cache_reports += input;
+    }
     m.total_output_tokens += r.output_tokens;
     if (r.output_tokens > 1) tpots.push_back(tpot_of(r));
     itls.insert(itls.end(), r.itl_s.begin(), r.itl_s.end());
@@ -265,6 +276,10 @@ BenchMetrics compute_metrics(const std::vector<RequestRecord>& records, double d
     m.total_token_throughput =
         static_cast<double>(m.total_input_tokens + m.total_output_tokens) / duration_s;
     m.request_goodput = static_cast<double>(m.good_completed) / duration_s;
+  }
+  if (input_of_cache_reports > 0) {
+    m.prefix_cache_hit_rate = static_cast<double>(m.total_cached_input_tokens) /
+                              static_cast<double>(input_of_cache_reports);
   }
   m.ttft = summarize_ms(ttfts, percentiles);
   m.tpot = summarize_ms(tpots, percentiles);

@@ -75,6 +75,8 @@ nlohmann::ordered_json result_json(const ServeBenchOptions& o, const Workload& w
   j["failed"] = m.failed;
   j["total_input_tokens"] = m.total_input_tokens;
   j["total_output_tokens"] = m.total_output_tokens;
+  j["total_cached_input_tokens"] = m.total_cached_input_tokens;
+  j["prefix_cache_hit_rate"] = m.prefix_cache_hit_rate;
   j["request_throughput"] = m.request_throughput;
   if (o.goodput.any()) j["request_goodput"] = m.request_goodput;
   else j["request_goodput"] = nullptr;
@@ -133,6 +135,8 @@ std::string format_report(const ServeBenchOptions& o, const Workload& w, const S
   line("Benchmark duration (s):", num(m.duration_s));
   line("Total input tokens:", std::to_string(m.total_input_tokens));
   line("Total generated tokens:", std::to_string(m.total_output_tokens));
+  line("Prompt tokens from prefix cache:",
+       fmt::format("{} ({:.1f}%)", m.total_cached_input_tokens, 100.0 * m.prefix_cache_hit_rate));
   line("Request throughput (req/s):", num(m.request_throughput));
   if (o.goodput.any()) line("Request goodput (req/s):", num(m.request_goodput));
   line("Output token throughput (tok/s):", num(m.output_throughput));

@@ -29,6 +29,7 @@ TRACE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..
 KEYS = ["date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "dataset",
         "num_prompts", "request_rate", "burstiness", "max_concurrency", "goodput", "duration",
         "completed", "failed", "total_input_tokens", "total_output_tokens",
+        "total_cached_input_tokens", "prefix_cache_hit_rate",
         "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
         "max_output_tokens_per_s", "max_concurrent_requests", "dataset_prefix_reuse",
         "input_lens", "output_lens", "ttfts", "itls", "e2els", "start_times",
@@ -62,6 +63,7 @@ class ServeBenchTest(unittest.TestCase):
         out = os.path.join(self.tmp.name, "random.json")
         n, max_tokens, cap = 16, 8, 3
         prompt_before = counter_sum(self.serve, "cleave:prompt_tokens_total")
+        cached_before = counter_sum(self.serve, "cleave:prompt_tokens_cached_total")
         gen_before = counter_sum(self.serve, "cleave:generation_tokens_total")
         r = self.bench("--dataset", "random", "--num-prompts", str(n), "--random-input-len", "24",
                        "--random-output-len", str(max_tokens), "--random-range-ratio", "0.5",
@@ -98,6 +100,10 @@ class ServeBenchTest(unittest.TestCase):
                          j["total_output_tokens"])
         self.assertEqual(counter_sum(self.serve, "cleave:prompt_tokens_total") - prompt_before,
                          j["total_input_tokens"])
+        self.assertEqual(counter_sum(self.serve, "cleave:prompt_tokens_cached_total") - cached_before,
+                         j["total_cached_input_tokens"])
+        self.assertAlmostEqual(j["prefix_cache_hit_rate"],
+                               j["total_cached_input_tokens"] / j["total_input_tokens"], places=9)
         d = j["duration"]
         self.assertGreater(d, 0)
         self.assertAlmostEqual(j["request_throughput"], n / d, places=6)
@@ -159,6 +165,9 @@ class ServeBenchTest(unittest.TestCase):
             j = json.load(f)
         self.assertEqual(j["completed"], 10, j["errors"])
         self.assertIn("Prompt words whose prefix was sent before", r.stdout)
+        self.assertIn("Prompt tokens from prefix cache:", r.stdout)
+        self.assertGreaterEqual(j["prefix_cache_hit_rate"], 0)
+        self.assertLessEqual(j["total_cached_input_tokens"], j["total_input_tokens"])
 
     def test_sweep_reports_attainment_per_rate(self):
         out = os.path.join(self.tmp.name, "sweep.json")

@@ -39,6 +39,9 @@ struct RequestRecord {
   int64_t output_tokens = 0;  // usage.completion_tokens, else the number of content events
   bool output_from_usage = false;
   int64_t prompt_tokens = -1;  // usage.prompt_tokens; -1 when the server did not say
+  // usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served;
+  // -1 when the server did not say
+  int64_t cached_prompt_tokens = -1;
   int64_t input_len = 0;       // the prompt length the workload asked for (tokens)
   std::string generated_text;
 };
@@ -99,6 +102,11 @@ struct BenchMetrics {
   int64_t completed = 0, failed = 0;
   double duration_s = 0;
   int64_t total_input_tokens = 0, total_output_tokens = 0;
+  // Prompt tokens the server's prefix cache served, over the completed requests that said
+  // (usage.prompt_tokens_details.cached_tokens), and their share of those requests' prompt
+  // tokens (0 when none said).
+  int64_t total_cached_input_tokens = 0;
+  double prefix_cache_hit_rate = 0;
   double request_throughput = 0, output_throughput = 0, total_token_throughput = 0;
   double request_goodput = 0;  // requests/s meeting every SLO (0 when no SLO is given)
   int64_t good_completed = 0;

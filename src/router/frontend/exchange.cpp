@@ -218,6 +218,7 @@ void Exchange::finish_choice_locked(Choice& c, const v1::TokenEvent& event, Fini
   metrics_.e2e_latency->observe(seconds(Clock::now() - arrival_));
   const auto index = static_cast<int32_t>(&c - choices_.data());
   metrics_.prompt_tokens->inc(static_cast<double>(prompt_tokens_of(index)));
+  metrics_.cached_prompt_tokens->inc(static_cast<double>(c.cached_tokens));
   metrics_.generation_tokens->inc(static_cast<double>(c.completion_tokens));
   switch (reason) {
     case FinishReason::kStop: metrics_.success_stop->inc(); break;

@@ -43,6 +43,12 @@ Result<std::unique_ptr<RouterMetrics>> RouterMetrics::create(metrics::MetricsReg
   CLEAVE_ASSIGN_OR_RETURN(auto prompt,
                           registry.counter("cleave:prompt_tokens_total",
                                            "Prompt tokens of finished requests."));
+  CLEAVE_ASSIGN_OR_RETURN(auto cached,
+                          registry.counter("cleave:prompt_tokens_cached_total",
+                                           "Prompt tokens of finished requests that a worker's "
+                                           "prefix cache served instead of computing them (over "
+                                           "cleave:prompt_tokens_total: the prefix-cache hit "
+                                           "rate)."));
   CLEAVE_ASSIGN_OR_RETURN(auto generation,
                           registry.counter("cleave:generation_tokens_total",
                                            "Tokens generated for finished requests."));
@@ -75,6 +81,7 @@ Result<std::unique_ptr<RouterMetrics>> RouterMetrics::create(metrics::MetricsReg
   m->e2e_latency = &e2e.get();
   m->queue_time = &queue.get();
   m->prompt_tokens = &prompt.get();
+  m->cached_prompt_tokens = &cached.get();
   m->generation_tokens = &generation.get();
   m->success_stop = &success.with({"stop"});
   m->success_length = &success.with({"length"});

@@ -9,6 +9,9 @@
 //                                           tokenization) plus the wait in the worker engine's
 //                                           queue (TokenEvent.queue_seconds of the first token)
 //   cleave:prompt_tokens_total, cleave:generation_tokens_total
+//   cleave:prompt_tokens_cached_total       prompt tokens the workers' prefix caches served
+//                                           (usage.cached_prompt_tokens); over
+//                                           prompt_tokens_total, the prefix-cache hit rate
 //   cleave:request_success_total{finished_reason="stop|length|abort"}
 //   cleave:http_requests_total{handler,status}   every HTTP response by route and status
 //   cleave:grpc_requests_total{method,code}      every gRPC API call by method and status code
@@ -44,6 +47,7 @@ struct RouterMetrics {
   metrics::Histogram* e2e_latency = nullptr;
   metrics::Histogram* queue_time = nullptr;
   metrics::Counter* prompt_tokens = nullptr;
+  metrics::Counter* cached_prompt_tokens = nullptr;
   metrics::Counter* generation_tokens = nullptr;
   metrics::Counter* success_stop = nullptr;
   metrics::Counter* success_length = nullptr;

@@ -108,6 +108,44 @@ TEST(SseTimeline, FailuresAreCountedWithTheirReason) {
   }
 }
 
+TEST(SseTimeline, CachedPromptTokensComeFromTheUsageDetails) {
+  SseTimeline t(0);
+  t.feed(0.1, chunk("a"));
+  t.feed(0.2, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":1,"
+              "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n");
+  t.feed(0.3, "data: [DONE]\n\n");
+  const RequestRecord r = t.finish(200);
+  EXPECT_TRUE(r.success) << r.error;
+  EXPECT_EQ(r.prompt_tokens, 40);
+  EXPECT_EQ(r.cached_prompt_tokens, 32);
+
+  SseTimeline silent(0);  // a usage without details: the server did not say
+  silent.feed(0.1, chunk("a") + usage(1));
+  EXPECT_EQ(silent.finish(200).cached_prompt_tokens, -1);
+}
+
+TEST(ComputeMetrics, PrefixCacheHitRateIsOverTheRequestsThatReportedIt) {
+  std::vector<RequestRecord> rs(3);
+  for (auto& r : rs) {
+    r.success = true;
+    r.ttft_s = r.latency_s = 0.1;
+    r.output_tokens = 1;
+  }
+  rs[0].prompt_tokens = 64;
+  rs[0].cached_prompt_tokens = 48;
+  rs[1].prompt_tokens = 36;
+  rs[1].cached_prompt_tokens = 0;
+  rs[2].prompt_tokens = 50;  // no cache report: in the input tokens, not in the rate
+  const BenchMetrics m = compute_metrics(rs, 1.0, GoodputSlo{}, {50});
+  EXPECT_EQ(m.total_input_tokens, 150);
+  EXPECT_EQ(m.total_cached_input_tokens, 48);
+  EXPECT_DOUBLE_EQ(m.prefix_cache_hit_rate, 0.48);
+
+  const BenchMetrics none = compute_metrics({rs[2]}, 1.0, GoodputSlo{}, {50});
+  EXPECT_EQ(none.total_cached_input_tokens, 0);
+  EXPECT_EQ(none.prefix_cache_hit_rate, 0);
+}
+
 RequestRecord done(double start, double ttft, std::vector<double> itl, double latency,
                    int64_t output, int64_t prompt) {
   RequestRecord r;
