@@ -76,9 +76,10 @@ template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}                  // NOLINT: implicit by design
-  Result(Status status) : v_(std::move(status)) {            // NOLINT: implicit by design
-    assert(!std::get<Status>(v_).ok() && "Result built from an OK status");
-  }
+  // An OK status carries no value: the Result holds an Internal error saying so (in every build
+  // type), so that a caller never sees ok() false with an OK status().
+  Result(Status status)                                      // NOLINT: implicit by design
+      : v_(status.ok() ? Internal("Result built from an OK status") : std::move(status)) {}
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   // OK when a value is held.

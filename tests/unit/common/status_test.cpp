@@ -39,5 +39,12 @@ TEST(StatusTest, ResultPropagation) {
   EXPECT_EQ(check_even(5).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(StatusTest, ResultFromAnOkStatusIsAnInternalError) {
+  Result<int> r(Status::Ok());
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_NE(r.status().message().find("OK status"), std::string::npos) << r.status().to_string();
+}
+
 }  // namespace
 }  // namespace cleave
