@@ -7,10 +7,19 @@
 
 #include <thread>
 
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
 #include "http_test_util.h"
 
 namespace cleave::router::testing_http {
 namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
 
 // A request that runs for a long time (thousands of tokens) unless it is cancelled.
 json long_request(bool stream) {

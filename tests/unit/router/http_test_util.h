@@ -1,15 +1,12 @@
 // Harness of the HTTP frontend tests: a real Dispatcher over an in-process EngineLoop (tokens
 // come from the engine, not from a script), the router (frontend + HTTP server) on
-// 127.0.0.1:0, and a Boost.Beast client with timeouts.
+// 127.0.0.1:0, and an HTTP client with timeouts (http_test_client.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <boost/asio.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -18,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -33,10 +31,6 @@
 
 namespace cleave::router::testing_http {
 
-namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
-using tcp = net::ip::tcp;
 using json = nlohmann::json;
 using testing_engine::ModelUnderTest;
 
@@ -250,168 +244,42 @@ struct HttpResponse {
   json json_body() const { return json::parse(body, nullptr, false); }
 };
 
-// One client connection; every operation is bounded by `timeout`.
+// One client connection (Boost.Beast, in http_test_client.cpp, so that the tests that use it do
+// not compile Beast); every operation is bounded by `timeout`.
 class TestClient {
  public:
-  explicit TestClient(int port, std::chrono::milliseconds timeout = std::chrono::seconds(15))
-      : port_(port), timeout_(timeout), socket_(ioc_) {
-    connect();
-  }
+  explicit TestClient(int port, std::chrono::milliseconds timeout = std::chrono::seconds(15));
+  ~TestClient();
+  TestClient(const TestClient&) = delete;
+  TestClient& operator=(const TestClient&) = delete;
 
-  bool connect() {
-    beast::error_code ec;
-    socket_.close(ec);
-    socket_ = tcp::socket(ioc_);
-    socket_.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"),
-                                  static_cast<unsigned short>(port_)),
-                    ec);
-    buffer_.consume(buffer_.size());
-    return !ec;
-  }
-  bool is_open() const { return socket_.is_open(); }
-  void close() {
-    beast::error_code ec;
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
-  }
+  bool connect();
+  bool is_open() const;
+  void close();
 
   HttpResponse request(const std::string& method, const std::string& target,
                        const std::string& body = "",
-                       const std::vector<std::pair<std::string, std::string>>& headers = {}) {
-    http::request<http::string_body> req;
-    req.method_string(method);
-    req.target(target);
-    req.version(11);
-    req.set(http::field::host, "127.0.0.1");
-    if (!body.empty() || method == "POST") req.set(http::field::content_type, "application/json");
-    for (const auto& [k, v] : headers) req.set(k, v);
-    req.body() = body;
-    req.prepare_payload();
-    if (!write(req)) return {};
-    return read_response();
-  }
-
+                       const std::vector<std::pair<std::string, std::string>>& headers = {});
   HttpResponse post_json(const std::string& target, const json& body,
                          const std::vector<std::pair<std::string, std::string>>& headers = {}) {
     return request("POST", target, body.dump(), headers);
   }
-
-  template <typename Message>
-  bool write(Message& msg) {
-    beast::error_code result = net::error::timed_out;
-    http::async_write(socket_, msg, [&](beast::error_code ec, size_t) { result = ec; });
-    return run() && !result;
-  }
-
-  bool send_raw(std::string_view bytes) {
-    beast::error_code result = net::error::timed_out;
-    net::async_write(socket_, net::buffer(bytes.data(), bytes.size()),
-                     [&](beast::error_code ec, size_t) { result = ec; });
-    return run() && !result;
-  }
-
+  bool send_raw(std::string_view bytes);
   // A HEAD request; the response is read as HTTP reads it: a head only, whatever its
   // Content-Length says, so that any body the server sent stays in the stream for the next read.
   HttpResponse head(const std::string& target,
-                    const std::vector<std::pair<std::string, std::string>>& headers = {}) {
-    http::request<http::empty_body> req{http::verb::head, target, 11};
-    req.set(http::field::host, "127.0.0.1");
-    for (const auto& [k, v] : headers) req.set(k, v);
-    if (!write(req)) return {};
-    return read_response(/*head=*/true);
-  }
-
-  HttpResponse read_response(bool head = false) {
-    HttpResponse out;
-    http::response_parser<http::string_body> parser;
-    parser.skip(head);
-    parser.body_limit(64u << 20);
-    beast::error_code result = net::error::timed_out;
-    http::async_read(socket_, buffer_, parser, [&](beast::error_code ec, size_t) { result = ec; });
-    if (!run() || result) return out;
-    const auto& res = parser.get();
-    out.status = res.result_int();
-    out.body = res.body();
-    out.keep_alive = res.keep_alive();
-    for (const auto& f : res) {
-      std::string name(f.name_string());
-      for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      out.headers[name] = std::string(f.value());
-    }
-    return out;
-  }
-
+                    const std::vector<std::pair<std::string, std::string>>& headers = {});
+  HttpResponse read_response(bool head = false);
   // Reads raw bytes until `needle` has been seen (true) or the timeout / end of stream (false).
-  bool read_until(std::string_view needle, std::string* seen = nullptr) {
-    std::string got;
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (got.find(needle) == std::string::npos) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      char buf[4096];
-      beast::error_code result = net::error::timed_out;
-      size_t n = 0;
-      socket_.async_read_some(net::buffer(buf), [&](beast::error_code ec, size_t k) {
-        result = ec;
-        n = k;
-      });
-      if (!run() || result) {
-        if (seen) *seen = got;
-        return false;
-      }
-      got.append(buf, n);
-    }
-    if (seen) *seen = got;
-    return true;
-  }
-
+  bool read_until(std::string_view needle, std::string* seen = nullptr);
   // True when the server closes the connection (EOF or reset) within the timeout; the bytes
   // read meanwhile go to `seen`.
   bool wait_closed(std::string* seen = nullptr,
-                   std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(timeout_);
-    std::string got(static_cast<const char*>(buffer_.data().data()), buffer_.size());
-    buffer_.consume(buffer_.size());
-    for (;;) {
-      if (std::chrono::steady_clock::now() > deadline) break;
-      char buf[4096];
-      beast::error_code result = net::error::timed_out;
-      size_t n = 0;
-      socket_.async_read_some(net::buffer(buf), [&](beast::error_code ec, size_t k) {
-        result = ec;
-        n = k;
-      });
-      const bool done = run(std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now()));
-      if (!done) break;
-      got.append(buf, n);
-      if (result) {
-        if (seen) *seen = got;
-        return true;
-      }
-    }
-    if (seen) *seen = got;
-    return false;
-  }
+                   std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
  private:
-  // Runs the pending operation; false (and the socket closed) on timeout.
-  bool run(std::optional<std::chrono::milliseconds> limit = std::nullopt) {
-    ioc_.restart();
-    ioc_.run_for(limit.value_or(timeout_));
-    if (!ioc_.stopped()) {
-      close();
-      ioc_.restart();
-      ioc_.run();  // lets the cancelled handler run
-      return false;
-    }
-    return true;
-  }
-
-  int port_;
-  std::chrono::milliseconds timeout_;
-  net::io_context ioc_;
-  tcp::socket socket_;
-  beast::flat_buffer buffer_;
+  struct Connection;
+  std::unique_ptr<Connection> c_;
 };
 
 // The data of each SSE event of a stream body, in order ("[DONE]" included).
