@@ -1,7 +1,7 @@
 // `cleave config show|table`: the effective configuration and the settings reference.
 #include <iostream>
 
-#include "cleave/common/config.h"
+#include "cleave/cli/config.h"
 #include "commands.h"
 
 namespace cleave::cli {
@@ -24,7 +24,11 @@ void add_config_command(CLI::App& app, int* exit_code) {
     register_settings(config, registry);
     Status s = load_config(registry, *file, *sets);
     // What a worker with these settings applies (worker.role, worker.instance_type).
-    if (s.ok()) s = select_worker_profile(registry, config).status();
+    if (s.ok()) {
+      s = select_worker_profile(registry, config.worker.instance_type, config.worker.role,
+                                config.worker.profile)
+              .status();
+    }
     if (!s.ok()) {
       std::cerr << "cleave config: " << s.message() << "\n";
       *exit_code = 2;

@@ -35,7 +35,7 @@ int run_router(SettingsFlags& flags) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  auto app = router::RouterApp::start(config);
+  auto app = router::RouterApp::start(router_part(config));
   if (!app.ok()) {
     std::fprintf(stderr, "cleave router: %s\n", app.status().message().c_str());
     return app.status().code() == StatusCode::kInvalidArgument ? 2 : 1;

@@ -15,12 +15,12 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "cleave/common/log.h"
 #include "cleave/model/default_model.h"
 #include "cleave/router/dispatch_options.h"
+#include "cleave/router/pool_plan.h"
 #include "cleave/router/router_app.h"
 #include "cleave/router/worker_supervisor.h"
 #include "commands.h"
@@ -45,83 +45,6 @@ bool stop_signal_pending(const sigset_t& signals, milliseconds wait) {
     return true;
   }
   return false;
-}
-
-// Settings a worker takes from the serve command line or file (the environment reaches it by
-// inheritance): everything but the router's, the pools', the worker identity and the model.
-bool forwarded_to_workers(const SettingsRegistry::Setting& s) {
-  if (s.source == "default" || s.source.rfind("env", 0) == 0) return false;
-  for (std::string_view prefix :
-       {"router.", "pools.", "worker.role", "worker.listen", "worker.id", "model.path"}) {
-    if (s.key.rfind(prefix, 0) == 0) return false;
-  }
-  return true;
-}
-
-struct PoolPlan {
-  std::string name;                  // "prefill", "decode", "unified"
-  PoolSettings* settings = nullptr;  // in the serve command's Config
-  bool started_here = false;         // no workers / dns given: serve starts `replicas` children
-};
-
-Status check_pools(const std::vector<PoolPlan>& pools) {
-  for (const PoolPlan& p : pools) {
-    if (p.started_here && p.settings->replicas < 1) {
-      return InvalidArgument(fmt::format(
-          "pools.{}.replicas is 0 and neither pools.{}.workers nor pools.{}.dns names workers",
-          p.name, p.name, p.name));
-    }
-  }
-  return Status::Ok();
-}
-
-Result<std::vector<router::WorkerProcessSpec>> worker_specs(const SettingsFlags& flags,
-                                                            const std::vector<PoolPlan>& pools,
-                                                            const std::string& model_path) {
-  const Config& config = flags.config;
-  int64_t children = 0;
-  for (const PoolPlan& p : pools) {
-    if (p.started_here) children += p.settings->replicas;
-  }
-  std::vector<std::string> common;
-  for (const auto& s : flags.registry.settings()) {
-    if (forwarded_to_workers(s)) common.push_back(fmt::format("{}={}", s.key, s.get()));
-  }
-  const int64_t cpus = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  std::vector<router::WorkerProcessSpec> specs;
-  for (const PoolPlan& p : pools) {
-    if (!p.started_here) continue;
-    const PoolSettings& ps = *p.settings;
-    std::vector<std::string> sets = common;
-    int64_t threads = ps.threads > 0 ? ps.threads : config.engine.threads;
-    if (threads == 0) threads = std::max<int64_t>(1, cpus / std::max<int64_t>(1, children));
-    sets.push_back(fmt::format("engine.threads={}", threads));
-    if (ps.kv_blocks > 0) sets.push_back(fmt::format("engine.kv_blocks={}", ps.kv_blocks));
-    if (ps.kv_cache_bytes > 0) {
-      sets.push_back(fmt::format("engine.kv_cache_bytes={}", ps.kv_cache_bytes));
-    }
-    if (ps.max_tokens_per_step > 0) {
-      sets.push_back(fmt::format("engine.max_tokens_per_step={}", ps.max_tokens_per_step));
-    }
-    if (ps.max_num_seqs > 0) sets.push_back(fmt::format("engine.max_num_seqs={}", ps.max_num_seqs));
-    // Every worker serve starts is on this machine: shared memory moves the KV.
-    if (p.name != "unified" &&
-        (config.transfer.provider == "auto" || config.transfer.provider.empty())) {
-      sets.push_back("transfer.provider=shm");
-    }
-    for (int64_t i = 0; i < ps.replicas; ++i) {
-      router::WorkerProcessSpec spec;
-      spec.pool = p.name;
-      spec.id = fmt::format("{}-{}", p.name, i);
-      spec.args = {"worker", "--role", p.name, "--id", spec.id, "--model", model_path};
-      for (const std::string& s : sets) {
-        spec.args.push_back("--set");
-        spec.args.push_back(s);
-      }
-      specs.push_back(std::move(spec));
-    }
-  }
-  return specs;
 }
 
 void print_line(const std::string& line) {
@@ -180,31 +103,6 @@ sigset_t block_stop_signals() {
   return signals;
 }
 
-// The pools of `mode`, each started here unless the configuration names its workers.
-std::vector<PoolPlan> plan_pools(Config& config, router::DispatchMode mode) {
-  std::vector<PoolPlan> pools;
-  if (mode == router::DispatchMode::kUnified) {
-    pools.push_back({"unified", &config.pools.unified});
-  } else {
-    pools.push_back({"prefill", &config.pools.prefill});
-    pools.push_back({"decode", &config.pools.decode});
-  }
-  for (PoolPlan& p : pools) p.started_here = p.settings->workers.empty() && p.settings->dns.empty();
-  return pools;
-}
-
-// "disaggregated: 1 prefill worker, 1 decode worker" (for the serving line).
-std::string describe_plan(router::DispatchMode mode, const std::vector<PoolPlan>& pools) {
-  std::string plan = std::string(router::dispatch_mode_name(mode)) + ":";
-  for (const PoolPlan& p : pools) {
-    plan += p.started_here ? fmt::format(" {} {} worker{}", p.settings->replicas, p.name,
-                                         p.settings->replicas == 1 ? "" : "s")
-                           : fmt::format(" the {} workers of the config", p.name);
-    plan += p.name == pools.back().name ? "" : ",";
-  }
-  return plan;
-}
-
 // No model.path: the embedded default model, served under its own name unless one is set.
 Status use_default_model_if_none(Config& config) {
   if (!config.model.path.empty()) return Status::Ok();
@@ -249,16 +147,6 @@ Result<std::unique_ptr<router::WorkerSupervisor>> start_workers(
   }
 }
 
-// The router dials the children serve started: their addresses become the pools' workers.
-void name_started_workers(const router::WorkerSupervisor& supervisor,
-                          const std::vector<PoolPlan>& pools) {
-  for (const PoolPlan& p : pools) {
-    if (p.started_here) {
-      p.settings->workers = fmt::format("{}", fmt::join(supervisor.addresses(p.name), ","));
-    }
-  }
-}
-
 // Waits until every worker is healthy (at most kHealthyTimeout: then it serves with the ready
 // ones). False when SIGINT or SIGTERM came first.
 bool wait_until_healthy(router::RouterApp& app, const sigset_t& signals) {
@@ -283,26 +171,26 @@ int run_serve(SettingsFlags& flags) {
   if (!mode.ok()) return fail(2, mode.status(), "router.mode: ");
   const sigset_t signals = block_stop_signals();
 
-  std::vector<PoolPlan> pools = plan_pools(config, *mode);
-  const std::string plan = describe_plan(*mode, pools);
-  if (Status s = check_pools(pools); !s.ok()) return fail(2, s);
+  std::vector<router::PoolPlan> pools = router::plan_pools(config.pools, *mode);
+  const std::string plan = router::describe_plan(*mode, pools);
+  if (Status s = router::check_pools(pools); !s.ok()) return fail(2, s);
   if (Status s = use_default_model_if_none(config); !s.ok()) {
     return fail(1, s, "the default model: ");
   }
-  auto specs = worker_specs(flags, pools, config.model.path);
-  if (!specs.ok()) return fail(2, specs.status());
+  std::vector<router::WorkerProcessSpec> specs = router::worker_specs(
+      flags.registry, pools, {config.model.path, config.engine.threads, config.transfer.provider});
 
   std::unique_ptr<router::WorkerSupervisor> supervisor;
-  if (!specs->empty()) {
+  if (!specs.empty()) {
     bool stopped = false;
-    auto started = start_workers(std::move(*specs), signals, &stopped);
+    auto started = start_workers(std::move(specs), signals, &stopped);
     if (!started.ok()) return fail(1, started.status());
     if (stopped) return 0;
     supervisor = std::move(started).value();
-    name_started_workers(*supervisor, pools);
+    router::name_started_workers(*supervisor, pools);
   }
 
-  auto app = router::RouterApp::start(config);
+  auto app = router::RouterApp::start(router_part(config));
   if (!app.ok()) {
     const int code =
         fail(app.status().code() == StatusCode::kInvalidArgument ? 2 : 1, app.status());

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "cleave/common/config.h"
+#include "cleave/cli/config.h"
 #include "cleave/common/log.h"
 #include "cleave/worker/worker_service.h"
 #include "commands.h"
@@ -32,7 +32,8 @@ int run_worker(SettingsFlags& flags) {
   Config& config = flags.config;
   Result<std::string> profile = std::string();
   if (s.ok()) {
-    profile = select_worker_profile(flags.registry, config);
+    profile = select_worker_profile(flags.registry, config.worker.instance_type,
+                                    config.worker.role, config.worker.profile);
     s = profile.status();
   }
   if (s.ok()) s = parse_listen_address(config.worker.listen).status();
@@ -63,7 +64,7 @@ int run_worker(SettingsFlags& flags) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
-  Result<std::unique_ptr<WorkerServer>> server = WorkerServer::start(config);
+  Result<std::unique_ptr<WorkerServer>> server = WorkerServer::start(worker_part(config));
   if (!server.ok()) {
     log::error("cannot start: {}", server.status().to_string());
     std::fprintf(stderr, "cleave worker: %s\n", server.status().message().c_str());

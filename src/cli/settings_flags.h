@@ -1,5 +1,5 @@
 // The settings of a long-running subcommand (`serve`, `router`, `worker`): --config FILE, --set key=value
-// (repeatable) and each setting's own flag from the settings registry (config.h), applied as
+// (repeatable) and each setting's own flag from the settings registry (cleave/cli/config.h), applied as
 // defaults < file < env (CLEAVE_*) < --set < dedicated flags.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "cleave/common/config.h"
+#include "cleave/cli/config.h"
 #include "cleave/common/status.h"
 
 namespace cleave::cli {

@@ -193,8 +193,9 @@ Result<std::vector<std::string>> SettingsRegistry::apply_profile(std::string_vie
   return keys;
 }
 
-Result<std::string> select_worker_profile(SettingsRegistry& registry, Config& config) {
-  std::string& type = config.worker.instance_type;
+Result<std::string> select_worker_profile(SettingsRegistry& registry, std::string& instance_type,
+                                          std::string_view role, std::string& profile) {
+  std::string& type = instance_type;
   if (!type.empty() && type[0] == '@') {
     const std::string path = type.substr(1);
     Result<std::string> text = read_text(path);
@@ -213,7 +214,7 @@ Result<std::string> select_worker_profile(SettingsRegistry& registry, Config& co
   }
   const std::string what =
       type.empty() ? std::string("no instance type") : fmt::format("instance type '{}'", type);
-  config.worker.profile = name;
+  profile = name;
   if (name.empty()) {
     if (profiles.empty()) return fmt::format("{}; no profiles configured", what);
     std::vector<std::string> names;
@@ -224,11 +225,11 @@ Result<std::string> select_worker_profile(SettingsRegistry& registry, Config& co
         what, fmt::join(names, ", "));
   }
   CLEAVE_ASSIGN_OR_RETURN(std::vector<std::string> keys,
-                          registry.apply_profile(name, config.worker.role));
+                          registry.apply_profile(name, role));
   std::vector<std::string> set;
   for (const std::string& k : keys) set.push_back(fmt::format("{}={}", k, registry.find(k)->get()));
   return fmt::format(
-      "{}: profile '{}' for the {} role ({})", what, name, config.worker.role,
+      "{}: profile '{}' for the {} role ({})", what, name, role,
       set.empty() ? std::string("nothing to set") : fmt::format("{}", fmt::join(set, ", ")));
 }
 

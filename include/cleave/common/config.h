@@ -100,145 +100,29 @@ class SettingsRegistry {
 // "engine.threads" -> "CLEAVE_ENGINE_THREADS".
 std::string env_name_for_key(std::string_view key);
 
-// ---- The cleave configuration (grows with each subsystem) ----
+// ---- common's own settings ----
 
 struct LogSettings {
   std::string level = "info";
 };
 
-struct ModelSettings {
-  std::string path;  // GGUF file or HF directory; empty = the embedded default model
-};
-
-struct EngineSettings {
-  int64_t threads = 0;      // compute threads; 0 = one per online CPU
-  int64_t max_context = 0;  // 0 = the model's context length
-  int64_t block_size = 16;                 // tokens per KV block
-  int64_t kv_blocks = 0;                   // > 0: the KV pool's block count (wins over the budget)
-  int64_t kv_cache_bytes = 256ll << 20;    // else the KV pool's memory budget
-  std::string kv_dtype = "f32";            // K/V element type in the pool: f32 | f16 | bf16
-  int64_t max_tokens_per_step = 256;       // token budget of one engine step (chunked prefill)
-  int64_t max_num_seqs = 64;               // most sequences running at once
-  bool prefix_caching = true;              // reuse cached full KV blocks across requests
-};
-
-// The libfabric transfer engine (src/transfer).
-struct TransferSettings {
-  // "auto" (efa, then verbs;ofi_rxm, then shm when every peer is on this host, then
-  // tcp;ofi_rxm) or a provider as libfabric spells it: "tcp;ofi_rxm", "shm", "efa", ...
-  std::string provider = "auto";
-  // Node (address) passed to fi_getinfo; empty lets the provider choose. "127.0.0.1" pins
-  // socket-based providers to loopback.
-  std::string node;
-  // Endpoints the engine drives in parallel. Spread over distinct domains (NICs) when the
-  // provider offers several, else several endpoints on one domain.
-  int64_t rails = 1;
-  // Large writes are cut into slices of at most this many bytes, spread over the rails.
-  int64_t slice_bytes = 1 << 20;
-  // Most writes in flight per rail; 0 = the provider's TX queue depth.
-  int64_t max_inflight_per_rail = 0;
-  // A posted write (or notice) that sees no completion from its peer for this long fails its
-  // transfer with DEADLINE_EXCEEDED and marks the peer unreachable.
-  int64_t completion_timeout_ms = 5000;
-  // Post writes with FI_DELIVERY_COMPLETE when the provider accepts it (the notice is always
-  // sent only after every write of its batch has completed).
-  bool delivery_complete = true;
-  // Ask for FI_HMEM (registration of GPU memory) when built with CUDA. Off by default: the KV
-  // pool is host memory, and FI_HMEM costs some providers their fastest host path (shm turns
-  // off its single-copy CMA transfers and falls back to copying through bounce buffers).
-  bool hmem = false;
-  // A rail's progress thread keeps polling (instead of napping ~100 us) for this many
-  // microseconds after its last activity, on providers whose CQ has no wait object (shm): a
-  // target completes incoming writes only while it polls. 0 = always nap when idle.
-  int64_t idle_poll_us = 2000;
-};
-
-// A worker process (`cleave worker`, src/worker/service).
-struct WorkerSettings {
-  std::string role = "unified";        // prefill | decode | unified
-  std::string listen = "127.0.0.1:0";  // gRPC address; port 0 picks a free port
-  std::string id;                      // empty: "<role>-<pid>"
-  // How long a decode worker keeps blocks reserved for a prefill's KV (Reserve's lease_ms 0).
-  int64_t lease_ms = 10000;
-  // Longest a Prefill RPC waits for its prompt's compute (queueing included) before it fails.
-  int64_t prefill_timeout_ms = 120000;
-  // SIGTERM: stop taking requests (health NOT_SERVING), let running ones finish for at most
-  // this long, then shut down.
-  int64_t drain_seconds = 30;
-  // HTTP port serving GET /metrics (Prometheus text) on the worker.listen host; -1: off,
-  // 0: a free port.
-  int64_t metrics_port = -1;
-  // The node's instance type (node.kubernetes.io/instance-type), which selects the profile;
-  // "@PATH" reads it from a file (select_worker_profile puts the value read here).
-  std::string instance_type;
-  // The profile select_worker_profile applied ("" for none). Not a setting.
-  std::string profile;
-};
-
-// The router (`cleave router`, `cleave serve`; src/router/app).
-struct RouterSettings {
-  std::string host = "0.0.0.0";  // HTTP listen address
-  int64_t port = 8000;           // HTTP port; 0 picks a free port
-  int64_t grpc_port = 8001;      // gRPC API port (same host); 0 picks a free port; -1: off
-  std::string api_keys;          // comma-separated bearer tokens for /v1/; empty = no auth
-  int64_t max_queue = 1024;      // requests admitted and unfinished; beyond: HTTP 429
-  // Longest a request waits for its first token (queueing, prefill and KV transfer included).
-  int64_t request_timeout_ms = 120000;
-  int64_t io_threads = 1;                    // HTTP I/O threads
-  std::string mode = "disaggregated";        // unified | disaggregated
-  std::string policy_prefill = "prefix_aware";  // round_robin | least_loaded | prefix_aware
-  std::string policy_decode = "least_loaded";
-  std::string policy_unified = "least_loaded";
-  int64_t health_interval_ms = 1000;  // worker health and load probes
-  int64_t health_timeout_ms = 1000;   // each probe RPC
-  int64_t health_failures = 3;        // timed-out probes in a row before a worker leaves
-  int64_t dns_refresh_ms = 10000;     // DNS names of the pools re-resolved this often
-  int64_t max_body_bytes = 16ll << 20;  // larger request bodies: HTTP 413
-  std::string served_model_name;        // empty: the model's own name (else its file name)
-};
-
-// One worker pool (pools.prefill, pools.decode, pools.unified). Where its workers are: started
-// by `cleave serve` (`replicas` children) unless `workers` or `dns` names them. The engine
-// settings apply to the workers `cleave serve` starts; 0 = the engine.* value.
-struct PoolSettings {
-  int64_t replicas = 1;
-  std::string workers;  // comma-separated HOST:PORT list of running workers
-  std::string dns;      // NAME:PORT resolving to the workers (e.g. a headless Service)
-  int64_t threads = 0;
-  int64_t kv_blocks = 0;
-  int64_t kv_cache_bytes = 0;
-  int64_t max_tokens_per_step = 0;
-  int64_t max_num_seqs = 0;
-};
-
-struct PoolsSettings {
-  PoolSettings prefill;
-  PoolSettings decode;
-  PoolSettings unified;
-};
-
-struct Config {
-  LogSettings log;
-  ModelSettings model;
-  EngineSettings engine;
-  TransferSettings transfer;
-  WorkerSettings worker;
-  RouterSettings router;
-  PoolsSettings pools;
-};
-
-// Binds every field of `config` to `registry`.
-void register_settings(Config& config, SettingsRegistry& registry);
+// Binds log.* to `registry` (the field must outlive it). Every other module binds its own
+// settings (model/model_settings.h, engine/engine_settings.h, transfer/transfer_settings.h,
+// worker/worker_settings.h, router/router_settings.h); the command line composes them all in
+// one registry (cli/config.h).
+void register_log_settings(LogSettings& settings, SettingsRegistry& registry);
 
 // Applies file (when non-empty) < env < overrides ("key=value" each, from flags) on top of the
 // defaults already in the fields bound to `registry`.
 Status load_config(SettingsRegistry& registry, const std::string& file,
                    const std::vector<std::string>& overrides);
 
-// A worker's profile, once its settings are loaded: reads worker.instance_type (from the file
-// it names when it starts with '@'), picks the profile of that name, else `default`, else none,
-// and applies it for worker.role (SettingsRegistry::apply_profile). Sets config.worker.profile
-// and returns a line for the log saying what was chosen and set.
-Result<std::string> select_worker_profile(SettingsRegistry& registry, Config& config);
+// A worker's profile, once its settings are loaded: reads `instance_type` (worker.instance_type;
+// from the file it names when it starts with '@', and puts the value read there), picks the
+// profile of that name, else `default`, else none, and applies it for `role` (worker.role;
+// SettingsRegistry::apply_profile). Sets `profile` (worker.profile) to the name chosen ("" for
+// none) and returns a line for the log saying what was chosen and set.
+Result<std::string> select_worker_profile(SettingsRegistry& registry, std::string& instance_type,
+                                          std::string_view role, std::string& profile);
 
 }  // namespace cleave

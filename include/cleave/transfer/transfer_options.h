@@ -2,12 +2,12 @@
 // registry binds them to keys `transfer.*` (int64_t / std::string / bool, as the registry wants).
 #pragma once
 
-#include "cleave/common/config.h"
+#include "cleave/transfer/transfer_settings.h"
 
 namespace cleave::transfer {
 
-// Defined with the rest of the configuration (cleave/common/config.h) so that one file, one
-// registry and one settings table cover every subsystem.
+// Defined in transfer_settings.h with its registration; the command line composes every
+// module's settings in one registry and one settings table (cli/config.h).
 using TransferSettings = ::cleave::TransferSettings;
 
 }  // namespace cleave::transfer

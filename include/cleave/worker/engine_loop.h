@@ -50,8 +50,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "cleave/common/config.h"
 #include "cleave/common/status.h"
+#include "cleave/engine/engine_settings.h"
 #include "cleave/engine/generator.h"
 #include "cleave/engine/llama_model.h"
 #include "cleave/engine/sampler.h"

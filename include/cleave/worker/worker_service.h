@@ -28,7 +28,7 @@
 #include <string>
 #include <string_view>
 
-#include "cleave/common/config.h"
+#include "cleave/worker/worker_settings.h"
 #include "cleave/common/listen_address.h"
 #include "cleave/common/status.h"
 #include "cleave/kvcache/prefix_hash.h"
@@ -51,7 +51,7 @@ class WorkerServer {
   // registers the KV pool, and starts serving on config.worker.listen (health: SERVING).
   // InvalidArgument for a bad role or listen address; Unavailable when the port cannot be
   // bound; the loaders' and engines' errors otherwise.
-  static Result<std::unique_ptr<WorkerServer>> start(const Config& config);
+  static Result<std::unique_ptr<WorkerServer>> start(const WorkerConfig& config);
   // shutdown().
   ~WorkerServer();
   WorkerServer(const WorkerServer&) = delete;

@@ -21,7 +21,8 @@ std::string trim_blanks(std::string_view s) {
 }
 
 Result<WorkerPoolOptions> pool_from_settings(std::string_view name, const PoolSettings& pool,
-                                             std::string_view policy, const Config& config) {
+                                             std::string_view policy,
+                                             std::chrono::milliseconds dns_refresh) {
   WorkerPoolOptions out;
   auto kind = parse_dispatch_policy(policy);
   if (!kind.ok()) return kind.status().with_context(fmt::format("router.policy_{}", name));
@@ -37,7 +38,7 @@ Result<WorkerPoolOptions> pool_from_settings(std::string_view name, const PoolSe
     out.dns_name = addr->host;
     out.dns_port = addr->port;
   }
-  out.dns_refresh = std::chrono::milliseconds(config.router.dns_refresh_ms);
+  out.dns_refresh = dns_refresh;
   if (out.empty()) {
     return InvalidArgument(fmt::format(
         "the {} pool names no worker: set pools.{}.workers (HOST:PORT,...) or pools.{}.dns "
@@ -62,18 +63,19 @@ std::vector<std::string> split_comma_list(std::string_view text) {
   return out;
 }
 
-Result<DispatcherOptions> dispatcher_options_from_config(const Config& config) {
-  const RouterSettings& r = config.router;
+Result<DispatcherOptions> dispatcher_options_from_config(const RouterSettings& r,
+                                                         const PoolsSettings& pools) {
+  const std::chrono::milliseconds dns_refresh(r.dns_refresh_ms);
   DispatcherOptions o;
   CLEAVE_ASSIGN_OR_RETURN(o.mode, parse_dispatch_mode(r.mode));
   if (o.mode == DispatchMode::kUnified) {
     CLEAVE_ASSIGN_OR_RETURN(
-        o.unified, pool_from_settings("unified", config.pools.unified, r.policy_unified, config));
+        o.unified, pool_from_settings("unified", pools.unified, r.policy_unified, dns_refresh));
   } else {
     CLEAVE_ASSIGN_OR_RETURN(
-        o.prefill, pool_from_settings("prefill", config.pools.prefill, r.policy_prefill, config));
+        o.prefill, pool_from_settings("prefill", pools.prefill, r.policy_prefill, dns_refresh));
     CLEAVE_ASSIGN_OR_RETURN(
-        o.decode, pool_from_settings("decode", config.pools.decode, r.policy_decode, config));
+        o.decode, pool_from_settings("decode", pools.decode, r.policy_decode, dns_refresh));
   }
   o.health_interval = std::chrono::milliseconds(r.health_interval_ms);
   o.timeouts.probe = std::chrono::milliseconds(r.health_timeout_ms);
@@ -86,8 +88,7 @@ Result<DispatcherOptions> dispatcher_options_from_config(const Config& config) {
   return o;
 }
 
-Result<HttpServerOptions> http_server_options_from_config(const Config& config) {
-  const RouterSettings& r = config.router;
+Result<HttpServerOptions> http_server_options_from_config(const RouterSettings& r) {
   HttpServerOptions o;
   o.host = trim_blanks(r.host);
   o.port = static_cast<int>(r.port);
@@ -98,8 +99,7 @@ Result<HttpServerOptions> http_server_options_from_config(const Config& config) 
   return o;
 }
 
-std::optional<GrpcServerOptions> grpc_server_options_from_config(const Config& config) {
-  const RouterSettings& r = config.router;
+std::optional<GrpcServerOptions> grpc_server_options_from_config(const RouterSettings& r) {
   if (r.grpc_port < 0) return std::nullopt;
   GrpcServerOptions o;
   o.host = trim_blanks(r.host);
@@ -120,10 +120,11 @@ std::string client_url(std::string_view host, int port) {
   return fmt::format("http://{}:{}/", h, port);
 }
 
-Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
+Result<std::unique_ptr<RouterApp>> RouterApp::start(const RouterAppConfig& config) {
   (void)raise_open_files_limit();
-  CLEAVE_ASSIGN_OR_RETURN(DispatcherOptions dispatch, dispatcher_options_from_config(config));
-  CLEAVE_ASSIGN_OR_RETURN(HttpServerOptions http, http_server_options_from_config(config));
+  CLEAVE_ASSIGN_OR_RETURN(DispatcherOptions dispatch,
+                          dispatcher_options_from_config(config.router, config.pools));
+  CLEAVE_ASSIGN_OR_RETURN(HttpServerOptions http, http_server_options_from_config(config.router));
   std::string model_path = config.model.path;
   std::string default_name;
   if (model_path.empty()) {
@@ -145,7 +146,7 @@ Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
   } else if (!default_name.empty()) {
     front.served_model_names.push_back(default_name);
   }
-  if (config.engine.max_context > 0) front.max_model_len = config.engine.max_context;
+  if (config.max_context > 0) front.max_model_len = config.max_context;
   auto frontend = RouterFrontend::create_from_model_file(model_path, std::move(front),
                                                          *app->dispatcher_, *app->registry_);
   if (!frontend.ok()) {
@@ -161,7 +162,7 @@ Result<std::unique_ptr<RouterApp>> RouterApp::start(const Config& config) {
   }
   app->server_ = std::move(server).value();
   app->port_ = app->server_->port();
-  if (auto grpc_options = grpc_server_options_from_config(config)) {
+  if (auto grpc_options = grpc_server_options_from_config(config.router)) {
     auto grpc = GrpcServer::start(*grpc_options, *app->frontend_);
     if (!grpc.ok()) {
       app->server_->stop();

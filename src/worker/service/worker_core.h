@@ -13,7 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "cleave/common/config.h"
+#include "cleave/worker/worker_settings.h"
 #include "cleave/common/status.h"
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/v1/worker.grpc.pb.h"
@@ -35,7 +35,7 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 struct WorkerCore {
-  Config config;
+  WorkerConfig config;
   WorkerRole role = WorkerRole::kUnified;
   std::string id;
   std::string model_name;

@@ -68,7 +68,7 @@ struct WorkerServer::Impl {
   bool shutting_down = false;
   bool shut_down = false;
 
-  Status load(const Config& config);
+  Status load(const WorkerConfig& config);
   Status serve();
   void notice_loop();
   void set_health(bool serving);
@@ -78,7 +78,7 @@ struct WorkerServer::Impl {
   void shutdown();
 };
 
-Status WorkerServer::Impl::load(const Config& config) {
+Status WorkerServer::Impl::load(const WorkerConfig& config) {
   core.config = config;
   CLEAVE_ASSIGN_OR_RETURN(core.role, parse_worker_role(config.worker.role));
   CLEAVE_ASSIGN_OR_RETURN(ListenAddress listen, parse_listen_address(config.worker.listen));
@@ -260,7 +260,7 @@ void WorkerServer::Impl::shutdown() {
   if (server) log::info("worker {}: stopped", core.id);
 }
 
-Result<std::unique_ptr<WorkerServer>> WorkerServer::start(const Config& config) {
+Result<std::unique_ptr<WorkerServer>> WorkerServer::start(const WorkerConfig& config) {
   auto impl = std::make_unique<Impl>();
   Status s = impl->load(config);
   if (s.ok()) s = impl->serve();

@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "cleave/bench/tune.h"
-#include "cleave/common/config.h"
+#include "cleave/cli/config.h"
 
 namespace cleave::bench {
 namespace {

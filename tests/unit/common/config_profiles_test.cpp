@@ -7,7 +7,7 @@
 #include <fstream>
 #include <map>
 
-#include "cleave/common/config.h"
+#include "cleave/cli/config.h"
 
 namespace cleave {
 namespace {
@@ -171,7 +171,7 @@ TEST(ConfigProfilesTest, TheRoleSectionWinsAndEnvAndFlagsWinOverTheProfile) {
   ASSERT_TRUE(l.r.set_assignment("transfer.rails=2", "flag").ok());
   ASSERT_TRUE(l.r.set_assignment("worker.role=decode", "flag").ok());
   ASSERT_TRUE(l.r.set_assignment("worker.instance_type=p5e.48xlarge", "flag").ok());
-  Result<std::string> line = select_worker_profile(l.r, l.c);
+  Result<std::string> line = select_worker_profile(l.r, l.c.worker.instance_type, l.c.worker.role, l.c.worker.profile);
   ASSERT_TRUE(line.ok()) << line.status().to_string();
   EXPECT_EQ(l.c.worker.profile, "p5e.48xlarge");
   EXPECT_EQ(l.c.engine.threads, 24);               // decode: section beats the profile's own
@@ -190,7 +190,7 @@ TEST(ConfigProfilesTest, UnknownOrMissingInstanceTypeTakesTheDefaultProfile) {
     Loaded l;
     ASSERT_TRUE(l.r.load_yaml_string(kProfiles, "t.yaml").ok());
     l.c.worker.instance_type = type;
-    Result<std::string> line = select_worker_profile(l.r, l.c);
+    Result<std::string> line = select_worker_profile(l.r, l.c.worker.instance_type, l.c.worker.role, l.c.worker.profile);
     ASSERT_TRUE(line.ok());
     EXPECT_EQ(l.c.worker.profile, "default");
     EXPECT_EQ(l.c.engine.threads, 2);
@@ -200,7 +200,7 @@ TEST(ConfigProfilesTest, UnknownOrMissingInstanceTypeTakesTheDefaultProfile) {
   ASSERT_TRUE(
       l.r.load_yaml_string("profiles: {p5.48xlarge: {engine: {threads: 4}}}", "t.yaml").ok());
   l.c.worker.instance_type = "g6e.48xlarge";
-  Result<std::string> line = select_worker_profile(l.r, l.c);
+  Result<std::string> line = select_worker_profile(l.r, l.c.worker.instance_type, l.c.worker.role, l.c.worker.profile);
   ASSERT_TRUE(line.ok());
   EXPECT_EQ(l.c.worker.profile, "");
   EXPECT_EQ(l.c.engine.threads, 0);
@@ -214,7 +214,7 @@ TEST(ConfigProfilesTest, InstanceTypeFromAFile) {
   ASSERT_TRUE(l.r.load_yaml_string(kProfiles, "t.yaml").ok());
   l.c.worker.role = "prefill";
   l.c.worker.instance_type = "@" + file;
-  ASSERT_TRUE(select_worker_profile(l.r, l.c).ok());
+  ASSERT_TRUE(select_worker_profile(l.r, l.c.worker.instance_type, l.c.worker.role, l.c.worker.profile).ok());
   EXPECT_EQ(l.c.worker.instance_type, "p5e.48xlarge");
   EXPECT_EQ(l.c.worker.profile, "p5e.48xlarge");
   EXPECT_EQ(l.c.engine.max_tokens_per_step, 8192);
@@ -224,12 +224,12 @@ TEST(ConfigProfilesTest, InstanceTypeFromAFile) {
   Loaded l2;
   ASSERT_TRUE(l2.r.load_yaml_string(kProfiles, "t.yaml").ok());
   l2.c.worker.instance_type = "@" + file;
-  ASSERT_TRUE(select_worker_profile(l2.r, l2.c).ok());
+  ASSERT_TRUE(select_worker_profile(l2.r, l2.c.worker.instance_type, l2.c.worker.role, l2.c.worker.profile).ok());
   EXPECT_EQ(l2.c.worker.profile, "default");
   // A missing file is an error naming it.
   Loaded l3;
   l3.c.worker.instance_type = "@" + d.str() + "/absent";
-  Result<std::string> r = select_worker_profile(l3.r, l3.c);
+  Result<std::string> r = select_worker_profile(l3.r, l3.c.worker.instance_type, l3.c.worker.role, l3.c.worker.profile);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("absent"), std::string::npos);
 }

@@ -1,4 +1,4 @@
-#include "cleave/common/config.h"
+#include "cleave/cli/config.h"
 
 #include <gtest/gtest.h>
 

@@ -212,7 +212,7 @@ TEST_F(DispatchDisaggregatedTest, CancelDuringDecodeFreesBlocksOnBothWorkers) {
 
 TEST_F(DispatchDisaggregatedTest, WorkersThatCannotPairAreNeverUsed) {
   std::string why;
-  Config dc = worker_config("decode", synth_path());
+  WorkerConfig dc = worker_config("decode", synth_path());
   dc.engine.block_size = 32;
   dc.engine.kv_blocks = 64;
   TestWorker decode = start_worker(dc, &why);

@@ -66,10 +66,10 @@ class RemoveTestModels final : public ::testing::Environment {
 inline ::testing::Environment* const kRemoveTestModels =
     ::testing::AddGlobalTestEnvironment(new RemoveTestModels);
 
-inline Config worker_config(const std::string& role, const std::string& model_path,
+inline WorkerConfig worker_config(const std::string& role, const std::string& model_path,
                             const std::string& provider = "tcp;ofi_rxm",
                             const std::string& listen = "127.0.0.1:0") {
-  Config c;
+  WorkerConfig c;
   c.model.path = model_path;
   c.engine.threads = 1;
   c.engine.block_size = 16;
@@ -92,7 +92,7 @@ struct TestWorker {
 };
 
 // Empty `server` with the reason in `why` when it cannot start (e.g. no such provider here).
-inline TestWorker start_worker(const Config& c, std::string* why = nullptr) {
+inline TestWorker start_worker(const WorkerConfig& c, std::string* why = nullptr) {
   TestWorker w;
   auto s = WorkerServer::start(c);
   if (!s.ok()) {

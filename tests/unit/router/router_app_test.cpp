@@ -1,17 +1,22 @@
-// The router's settings (Config::router, Config::pools) and what RouterApp builds from them.
+// The router's settings (router.*, pools.*, model.*) and what RouterApp builds from them.
 #include "cleave/router/router_app.h"
 
 #include <gtest/gtest.h>
 
-#include "cleave/common/config.h"
+#include "cleave/model/model_settings.h"
+#include "cleave/router/router_settings.h"
 
 namespace cleave::router {
 namespace {
 
 struct Settings {
-  Config config;
+  RouterAppConfig config;
   SettingsRegistry registry;
-  Settings() { register_settings(config, registry); }
+  Settings() {
+    register_model_settings(config.model, registry);
+    register_router_settings(config.router, registry);
+    register_pools_settings(config.pools, registry);
+  }
 };
 
 TEST(RouterAppTest, SplitCommaList) {
@@ -28,7 +33,7 @@ TEST(RouterAppTest, DefaultsAreDisaggregatedAndNeedWorkers) {
   EXPECT_EQ(s.config.pools.prefill.replicas, 1);
   EXPECT_EQ(s.config.pools.decode.replicas, 1);
   EXPECT_EQ(s.config.pools.unified.replicas, 1);
-  auto o = dispatcher_options_from_config(s.config);
+  auto o = dispatcher_options_from_config(s.config.router, s.config.pools);
   ASSERT_FALSE(o.ok());
   EXPECT_EQ(o.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(o.status().message().find("pools.prefill.workers"), std::string::npos)
@@ -51,7 +56,7 @@ pools:
   ASSERT_TRUE(s.registry.set("router.dns_refresh_ms", "500", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.health_timeout_ms", "2500", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.health_failures", "5", "flag").ok());
-  auto o = dispatcher_options_from_config(s.config);
+  auto o = dispatcher_options_from_config(s.config.router, s.config.pools);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->mode, DispatchMode::kDisaggregated);
   EXPECT_EQ(o->prefill.workers, (std::vector<std::string>{"127.0.0.1:7001", "127.0.0.1:7002"}));
@@ -73,9 +78,9 @@ TEST(RouterAppTest, UnifiedModeUsesTheUnifiedPoolOnly) {
   Settings s;
   ASSERT_TRUE(s.registry.set("router.mode", "unified", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.policy_unified", "round_robin", "flag").ok());
-  EXPECT_FALSE(dispatcher_options_from_config(s.config).ok());  // no unified worker named
+  EXPECT_FALSE(dispatcher_options_from_config(s.config.router, s.config.pools).ok());  // no unified worker named
   ASSERT_TRUE(s.registry.set("pools.unified.workers", "[::1]:7000", "flag").ok());
-  auto o = dispatcher_options_from_config(s.config);
+  auto o = dispatcher_options_from_config(s.config.router, s.config.pools);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->mode, DispatchMode::kUnified);
   EXPECT_EQ(o->unified.workers, std::vector<std::string>{"[::1]:7000"});
@@ -86,14 +91,14 @@ TEST(RouterAppTest, BadEntriesAreErrorsNamingTheSetting) {
   Settings s;
   ASSERT_TRUE(s.registry.set("pools.prefill.workers", "127.0.0.1:7001", "flag").ok());
   ASSERT_TRUE(s.registry.set("pools.decode.dns", "no-port-here", "flag").ok());
-  auto o = dispatcher_options_from_config(s.config);
+  auto o = dispatcher_options_from_config(s.config.router, s.config.pools);
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("pools.decode.dns"), std::string::npos)
       << o.status().message();
 
   ASSERT_TRUE(s.registry.set("pools.decode.dns", "", "flag").ok());
   ASSERT_TRUE(s.registry.set("pools.decode.workers", "127.0.0.1:0", "flag").ok());
-  EXPECT_FALSE(dispatcher_options_from_config(s.config).ok());  // port 0 cannot be dialled
+  EXPECT_FALSE(dispatcher_options_from_config(s.config.router, s.config.pools).ok());  // port 0 cannot be dialled
 
   // Enum settings refuse unknown values when they are set.
   EXPECT_FALSE(s.registry.set("router.mode", "both", "flag").ok());
@@ -109,7 +114,7 @@ TEST(RouterAppTest, HttpOptions) {
   ASSERT_TRUE(s.registry.set("router.io_threads", "3", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.max_body_bytes", "4096", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.host", "127.0.0.1", "flag").ok());
-  auto o = http_server_options_from_config(s.config);
+  auto o = http_server_options_from_config(s.config.router);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->api_keys, (std::vector<std::string>{"k1", "k2"}));
   EXPECT_EQ(o->port, 0);
@@ -120,20 +125,20 @@ TEST(RouterAppTest, HttpOptions) {
 
 TEST(RouterAppTest, GrpcOptions) {
   Settings s;
-  auto on = grpc_server_options_from_config(s.config);
+  auto on = grpc_server_options_from_config(s.config.router);
   ASSERT_TRUE(on.has_value());
   EXPECT_EQ(on->port, 8001);
   EXPECT_EQ(on->host, "0.0.0.0");
   ASSERT_TRUE(s.registry.set("router.api_keys", "k1", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.grpc_port", "0", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.max_body_bytes", "4096", "flag").ok());
-  on = grpc_server_options_from_config(s.config);
+  on = grpc_server_options_from_config(s.config.router);
   ASSERT_TRUE(on.has_value());
   EXPECT_EQ(on->port, 0);
   EXPECT_EQ(on->api_keys, (std::vector<std::string>{"k1"}));
   EXPECT_EQ(on->max_message_bytes, 4096u);
   ASSERT_TRUE(s.registry.set("router.grpc_port", "-1", "flag").ok());
-  EXPECT_FALSE(grpc_server_options_from_config(s.config).has_value());
+  EXPECT_FALSE(grpc_server_options_from_config(s.config.router).has_value());
   EXPECT_FALSE(s.registry.set("router.grpc_port", "-2", "flag").ok());
 }
 

@@ -1,20 +1,20 @@
 #include <gtest/gtest.h>
 
-#include "cleave/common/config.h"
+#include "cleave/engine/engine_settings.h"
 #include "cleave/worker/engine_loop.h"
 
 namespace cleave {
 namespace {
 
 TEST(EngineOptionsTest, ConfigEngineSectionSizesThePoolAndTheScheduler) {
-  Config c;
+  EngineSettings engine;
   SettingsRegistry r;
-  register_settings(c, r);
+  register_engine_settings(engine, r);
   ASSERT_TRUE(r.load_yaml_string("engine:\n  block_size: 32\n  kv_blocks: 1000\n"
                                  "  max_tokens_per_step: 512\n  max_num_seqs: 8\n"
                                  "  prefix_caching: false\n  kv_cache_bytes: 1048576\n",
                                  "t.yaml").ok());
-  EngineLoopOptions o = engine_loop_options(c.engine);
+  EngineLoopOptions o = engine_loop_options(engine);
   EXPECT_EQ(o.block_size, 32);
   EXPECT_EQ(o.num_blocks, 1000);
   EXPECT_EQ(o.kv_cache_bytes, 1048576u);

@@ -23,8 +23,8 @@ using namespace std::chrono_literals;
 using testing_engine::ModelUnderTest;
 using testing_engine::synth_path;
 
-Config worker_config(const std::string& role, const std::string& provider = "tcp;ofi_rxm") {
-  Config c;
+WorkerConfig worker_config(const std::string& role, const std::string& provider = "tcp;ofi_rxm") {
+  WorkerConfig c;
   c.model.path = synth_path();
   c.engine.threads = 1;
   c.engine.block_size = 16;
@@ -69,7 +69,7 @@ struct Worker {
 };
 
 // Empty `server` with the reason in `why` when the transfer provider is not available here.
-Worker start(const Config& c, std::string* why = nullptr) {
+Worker start(const WorkerConfig& c, std::string* why = nullptr) {
   Worker w;
   auto s = WorkerServer::start(c);
   if (!s.ok()) {
@@ -372,7 +372,7 @@ INSTANTIATE_TEST_SUITE_P(Providers, DisaggregatedTest, ::testing::Values("tcp;of
 
 TEST_F(WorkerServiceTest, PairingRefusedWhenBlockSizeDiffers) {
   std::string why;
-  Config dc = worker_config("decode");
+  WorkerConfig dc = worker_config("decode");
   dc.engine.block_size = 32;
   dc.engine.kv_blocks = 48;
   Worker decode = start(dc, &why);
@@ -391,11 +391,11 @@ TEST_F(WorkerServiceTest, PairingRefusedWhenBlockSizeDiffers) {
 
 TEST_F(WorkerServiceTest, PrefillFailsFastWhenTheDestinationIsGone) {
   std::string why;
-  Config dc = worker_config("decode");
+  WorkerConfig dc = worker_config("decode");
   dc.transfer.completion_timeout_ms = 500;
   Worker decode = start(dc, &why);
   if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
-  Config pc = worker_config("prefill");
+  WorkerConfig pc = worker_config("prefill");
   pc.transfer.completion_timeout_ms = 500;
   Worker prefill = start(pc);
   ASSERT_TRUE(prefill.server);
@@ -424,7 +424,7 @@ TEST_F(WorkerServiceTest, PrefillFailsFastWhenTheDestinationIsGone) {
 
 TEST_F(WorkerServiceTest, ReservationsLeasesAndRelease) {
   std::string why;
-  Config dc = worker_config("decode");
+  WorkerConfig dc = worker_config("decode");
   dc.engine.kv_blocks = 8;  // 128 tokens
   Worker decode = start(dc, &why);
   if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
@@ -571,7 +571,7 @@ int thread_count() {
 }
 
 TEST_F(WorkerServiceTest, ManyConcurrentStreamsHoldNoThreadEach) {
-  Config config = worker_config("unified");
+  WorkerConfig config = worker_config("unified");
   config.engine.max_num_seqs = 256;
   config.engine.max_tokens_per_step = 1024;
   Worker w = start(config);
@@ -680,7 +680,7 @@ grpc::Status health_check(grpc::Channel& channel, std::string* answer) {
 }
 
 TEST_F(WorkerServiceTest, AbortCancelHealthAndShutdown) {
-  Config config = worker_config("unified");
+  WorkerConfig config = worker_config("unified");
   config.model.path = slow_synth_path();
   config.engine.kv_blocks = 3 * 4096 / 16;
   Worker w = start(config);
@@ -766,7 +766,7 @@ TEST_F(WorkerServiceTest, AbortCancelHealthAndShutdown) {
 TEST(WorkerServiceConfigTest, BadRoleAndListenAddressAreRefused) {
   EXPECT_EQ(parse_worker_role("router").status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(parse_worker_role("router").status().message().find("router"), std::string::npos);
-  Config c;
+  WorkerConfig c;
   c.worker.listen = "nowhere";
   auto s = WorkerServer::start(c);
   ASSERT_FALSE(s.ok());
@@ -775,7 +775,7 @@ TEST(WorkerServiceConfigTest, BadRoleAndListenAddressAreRefused) {
   // A port in use is refused, not shared.
   Worker first = start(worker_config("unified"));
   ASSERT_TRUE(first.server);
-  Config second = worker_config("unified");
+  WorkerConfig second = worker_config("unified");
   second.worker.listen = first.server->address();
   s = WorkerServer::start(second);
   ASSERT_FALSE(s.ok());
