@@ -18,3 +18,10 @@ add_test(NAME integration_transfer_bench_smoke
          COMMAND transfer_bench bench transfer --provider tcp\;ofi_rxm --sizes 4KiB,1MiB --iters 20
                  --json ${PROJECT_BINARY_DIR}/transfer_bench_smoke.json)
 set_tests_properties(integration_transfer_bench_smoke PROPERTIES LABELS integration TIMEOUT 60)
+
+# A write with a revoked key (the fence for late KV writes into reused blocks).
+set(tgt integration_transfer_revoked_key)
+add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/revoked_key_cases.cpp)
+target_link_libraries(${tgt} PRIVATE cleave::transfer GTest::gtest GTest::gtest_main)
+add_test(NAME ${tgt} COMMAND ${tgt})
+set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 120)

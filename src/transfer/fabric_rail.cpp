@@ -225,6 +225,12 @@ Status FabricRail::insert_peer(const std::shared_ptr<PeerRecord>& peer, const st
                                    "replaced, connect again", index_, provider_name()));
   }
   Held held(this);
+  // A connection error asked for a fresh endpoint (tcp;ofi_rxm): make it before the caller's
+  // next batch, which would otherwise go out on the broken connection.
+  if (reopen_wanted_ && !leak_on_reopen_) {
+    reopen_wanted_ = false;
+    reopen();
+  }
   PeerSlot& slot = peers_[peer.get()];
   if (slot.peer.expired() || slot.name != name) {
     slot.peer = peer;

@@ -97,7 +97,8 @@ class FabricRail {
   std::string name() const;
   // Inserts `peer` under endpoint name `name` into this rail's AV; a no-op when it is there
   // under that name already (re-inserts after a reopen of this rail, or when the peer's
-  // endpoint was renamed by its own reopen). Unavailable when the rail is stuck.
+  // endpoint was renamed by its own reopen). A reopen asked for by a connection error happens
+  // here first (see reopen_wanted_). Unavailable when the rail is stuck.
   Status insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name);
   // Queues work and posts what it can right away when the progress lock is free (thread-safe,
   // never blocks on a rail whose progress is stuck inside the provider). Work given to a rail
@@ -272,7 +273,9 @@ class FabricRail {
   std::unordered_map<PeerRecord*, Refusal> eagain_since_;
   std::unordered_map<PeerRecord*, size_t> peer_inflight_;  // posted writes per peer
   std::unordered_map<PeerRecord*, PeerSlot> peers_;  // inserted into this rail's AV
-  bool reopen_wanted_ = false;  // set on a timeout; only the rail thread reopens
+  // Set on a timeout or (not shm) a connection error; the rail thread reopens, or
+  // insert_peer() first where the rail is not shm.
+  bool reopen_wanted_ = false;
   std::atomic<uint64_t> work_epoch_{0};  // bumped by enqueue(), read before the thread sleeps
   bool wake_pending_ = false;            // guarded by sleep_mu_
 };

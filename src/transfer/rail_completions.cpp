@@ -16,6 +16,9 @@ bool is_connection_error(int err) {
     case FI_ECONNREFUSED: case FI_ECONNRESET: case FI_ECONNABORTED: case FI_ENOTCONN:
     case FI_EHOSTUNREACH: case FI_ENETUNREACH: case FI_EIO: case FI_ESHUTDOWN:
     case FI_ENOENT: case FI_ETIMEDOUT: case FI_EADDRNOTAVAIL:
+    // tcp;ofi_rxm: the target dropped the connection with this write in flight (its key check
+    // refused a write: the key was revoked).
+    case FI_ECANCELED:
       return true;
     default:
       return false;
@@ -97,7 +100,13 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
   last_completion_[peer] = now;
   if (op->kind == OpContext::Kind::kNotice) free_send_slots_.push_back(op->slot);
   if (error) {
-    if (is_connection_error(err)) peer->unreachable.store(true);
+    if (is_connection_error(err)) {
+      peer->unreachable.store(true);
+      // ofi_rxm (1.17) keeps a broken connection to that address for good, so a connect() of
+      // the same peer again would not help: a fresh endpoint makes fresh connections. Not for
+      // shm, which has no connections (and whose endpoints are never closed: see reopen()).
+      if (!leak_on_reopen_) reopen_wanted_ = true;
+    }
     std::string what = op->kind == OpContext::Kind::kWrite
                            ? fmt::format("RMA write of {} bytes to remote address {:#x} (key "
                                          "{:#x})", op->work.len, op->work.remote_addr,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <utility>
 
 #include "cleave/common/log.h"
 #include "cleave/common/thread_pool.h"
@@ -89,6 +90,10 @@ void EngineLoop::shutdown() {
   }
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  // The engine thread is gone: the reservations still held end here, fenced like the others.
+  for (auto& [id, res] : reservations_) {
+    if (res.on_end) std::exchange(res.on_end, nullptr)();
+  }
 }
 
 Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {

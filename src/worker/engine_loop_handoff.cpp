@@ -11,7 +11,8 @@
 namespace cleave {
 
 Result<std::vector<BlockId>> EngineLoop::reserve(RequestId id, int64_t num_tokens,
-                                                 std::chrono::milliseconds lease) {
+                                                 std::chrono::milliseconds lease,
+                                                 std::function<void()> on_end) {
   if (num_tokens < 1) {
     return InvalidArgument(
         fmt::format("reserve {}: num_tokens is {}, it must be at least 1", id, num_tokens));
@@ -35,6 +36,7 @@ Result<std::vector<BlockId>> EngineLoop::reserve(RequestId id, int64_t num_token
   op->id = id;
   op->num_tokens = num_tokens;
   op->lease = lease;
+  op->on_end = std::move(on_end);
   auto reply = op->reply.get_future();
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -95,7 +97,8 @@ void EngineLoop::reserve_now(ReserveOp& op) {
     return;
   }
   blocks_reserved_ += need;
-  reservations_[op.id] = Reservation{blocks, std::chrono::steady_clock::now() + op.lease};
+  reservations_[op.id] =
+      Reservation{blocks, std::chrono::steady_clock::now() + op.lease, std::move(op.on_end)};
   publish_stats();  // stats() shows the reservation once reserve() returns
   op.reply.set_value(std::move(blocks));
 }
@@ -103,6 +106,7 @@ void EngineLoop::reserve_now(ReserveOp& op) {
 void EngineLoop::release_reservation_now(RequestId id, bool expired) {
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return;  // consumed by a prefilled submit in the meantime
+  if (it->second.on_end) it->second.on_end();  // fenced before the blocks can be reused
   pool_->release(it->second.blocks);
   blocks_reserved_ -= static_cast<int64_t>(it->second.blocks.size());
   reservations_.erase(it);
@@ -159,6 +163,8 @@ void EngineLoop::admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestSta
                  id)));
     return;
   }
+  // The KV is in place (its notice came): nothing may write into these blocks any more.
+  if (res->second.on_end) res->second.on_end();
   std::vector<BlockId> blocks = std::move(res->second.blocks);
   blocks_reserved_ -= static_cast<int64_t>(blocks.size());
   reservations_.erase(res);

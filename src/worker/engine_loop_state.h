@@ -39,6 +39,7 @@ struct EngineLoop::ReserveOp {
   RequestId id = 0;
   int64_t num_tokens = 0;
   std::chrono::milliseconds lease{0};
+  std::function<void()> on_end;  // moves into the Reservation when it is made
   std::promise<Result<std::vector<BlockId>>> reply;
 };
 

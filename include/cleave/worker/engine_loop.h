@@ -187,8 +187,16 @@ class EngineLoop {
   // AlreadyExists when the id has a reservation or is in flight; ResourceExhausted when the
   // pool cannot give the blocks now (nothing is taken or evicted then); Unavailable after
   // shutdown(). The block ids come back in position order.
+  // `on_end` (may be empty) fences the blocks: it runs once on the engine thread when the
+  // reservation ends (consumed by its prefilled submit, released, or its lease expired), before
+  // any of its blocks can go to another request; the decode worker revokes there the memory
+  // key it gave the writer, so that a write arriving late never lands in reused blocks. When
+  // reserve() returns an error it never runs (the caller revokes). shutdown() runs those of the
+  // reservations still held, on its own thread once the engine thread has stopped (so their
+  // target must still be alive then; the destructor's shutdown() finds none left).
   Result<std::vector<BlockId>> reserve(RequestId id, int64_t num_tokens,
-                                       std::chrono::milliseconds lease);
+                                       std::chrono::milliseconds lease,
+                                       std::function<void()> on_end = {});
   // Gives a reservation's blocks back (in the engine's next iteration; does not wait). false
   // when there is none under `id` (consumed, released or expired).
   bool release_reservation(RequestId id);
@@ -256,6 +264,7 @@ class EngineLoop {
   struct Reservation {
     std::vector<BlockId> blocks;
     std::chrono::steady_clock::time_point deadline;
+    std::function<void()> on_end;  // reserve()'s fence, run before the blocks are given back
   };
   std::unordered_map<RequestId, Reservation> reservations_;
   std::unordered_map<RequestId, std::vector<BlockId>> pinned_;

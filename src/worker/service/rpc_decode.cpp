@@ -19,14 +19,31 @@ grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest*
     const std::chrono::milliseconds lease(req->lease_ms() > 0 ? req->lease_ms()
                                                               : core_.config.worker.lease_ms);
     const auto deadline = std::chrono::steady_clock::now() + lease;
-    auto blocks = core_.engine->reserve(id, req->num_prompt_tokens(), lease);
-    if (!blocks.ok()) return blocks.status();
+    // The writer gets a key of this reservation's own: the engine revokes it when the
+    // reservation ends, before its blocks can be reused, so that a write still on its way then
+    // (a partition can hold one in a socket buffer for minutes) is refused by the provider
+    // instead of landing in another request's KV. Offsets are those of the pool registration.
+    CLEAVE_ASSIGN_OR_RETURN(transfer::MemoryRegion key,
+                            core_.transfer->register_memory(core_.engine->kv_data(),
+                                                            core_.engine->kv_bytes(),
+                                                            transfer::MemoryKind::host()));
+    transfer::TransferEngine* transfer = core_.transfer.get();
+    const uint64_t key_id = key.id;
+    auto revoke = [transfer, key_id, id] {
+      Status s = transfer->deregister(key_id);
+      if (!s.ok()) log::error("request {}: revoking its KV key failed: {}", id, s.message());
+    };
+    auto blocks = core_.engine->reserve(id, req->num_prompt_tokens(), lease, revoke);
+    if (!blocks.ok()) {
+      revoke();
+      return blocks.status();
+    }
 
     KvDestination dest;
     dest.request_id = id;
     dest.worker_id = core_.id;
     dest.transfer_address = core_.transfer->address();
-    dest.region = core_.kv_region.remote;
+    dest.region = key.remote;
     dest.layout = core_.engine->kv_layout();
     dest.model_fingerprint = core_.model_fingerprint;
     dest.blocks = std::move(*blocks);

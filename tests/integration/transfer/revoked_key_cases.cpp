@@ -1,0 +1,116 @@
+// Not named *_test.cpp: tests/transfer.cmake registers this one.
+// A revoked registration fences late writes: two engines in this process over tcp;ofi_rxm and
+// shm on 127.0.0.1. The target registers a region and gives its descriptor away, then revokes
+// it (deregister). A write carrying the revoked key fails at the initiator with an error and
+// the target's bytes stay as they were; a fresh registration of the same memory (what the
+// next owner of reused KV blocks gets) takes writes again.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "cleave/transfer/transfer_engine.h"
+
+namespace cleave::transfer {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kBytes = 64 << 10;
+
+class RevokedKeyTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    TransferSettings s;
+    s.provider = GetParam();
+    s.node = "127.0.0.1";
+    s.rails = 1;
+    s.completion_timeout_ms = 1500;
+    auto t = TransferEngine::create(s, true);
+    ASSERT_TRUE(t.ok()) << t.status().to_string();
+    target_ = std::move(t).value();
+    auto i = TransferEngine::create(s, true);
+    ASSERT_TRUE(i.ok()) << i.status().to_string();
+    initiator_ = std::move(i).value();
+    auto peer = initiator_->connect(target_->address());
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    peer_ = *peer;
+    auto src = initiator_->register_memory(src_.data(), src_.size(), MemoryKind::host());
+    ASSERT_TRUE(src.ok()) << src.status().to_string();
+    src_region_ = src->id;
+  }
+
+  // Writes kBytes of `fill` from the initiator into `remote` and waits for the outcome.
+  Status write(char fill, const RemoteDescriptor& remote) {
+    std::memset(src_.data(), fill, src_.size());
+    Batch b;
+    b.peer = peer_;
+    b.writes.push_back(WriteOp{src_region_, 0, remote, 0, kBytes});
+    auto h = initiator_->submit(b);
+    if (!h.ok()) return h.status();
+    return h->wait(20s);
+  }
+
+  // The refused write broke the connection (tcp: the target drops it) or marked the peer
+  // unreachable (shm: no completion); a new request connects again, as the worker does.
+  void reconnect() {
+    auto peer = initiator_->connect(target_->address());
+    ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+    peer_ = *peer;
+  }
+
+  bool dst_is(char fill) const {
+    for (char c : dst_) {
+      if (c != fill) return false;
+    }
+    return true;
+  }
+
+  std::unique_ptr<TransferEngine> target_;
+  std::unique_ptr<TransferEngine> initiator_;
+  uint64_t peer_ = 0;
+  uint64_t src_region_ = 0;
+  std::vector<char> src_ = std::vector<char>(kBytes);
+  std::vector<char> dst_ = std::vector<char>(kBytes, 0);
+};
+
+TEST_P(RevokedKeyTest, WriteWithARevokedKeyFailsAndLeavesTheTargetUnchanged) {
+  auto first = target_->register_memory(dst_.data(), dst_.size(), MemoryKind::host());
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  Status s = write('a', first->remote);
+  ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(dst_is('a'));
+
+  ASSERT_TRUE(target_->deregister(first->id).ok());
+  s = write('b', first->remote);
+  EXPECT_FALSE(s.ok()) << "a write with a revoked key completed";
+  EXPECT_TRUE(dst_is('a')) << "a write with a revoked key changed the target's memory";
+  reconnect();
+
+  // The same memory registered again: its new key works.
+  auto second = target_->register_memory(dst_.data(), dst_.size(), MemoryKind::host());
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_NE(second->remote.keys, first->remote.keys);
+  s = write('c', second->remote);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(dst_is('c'));
+  // The revoked descriptor stays revoked after the new registration.
+  s = write('d', first->remote);
+  EXPECT_FALSE(s.ok()) << "a write with a revoked key completed";
+  EXPECT_TRUE(dst_is('c')) << "a write with a revoked key changed the target's memory";
+  // And the connection still serves the live registration.
+  reconnect();
+  s = write('e', second->remote);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  EXPECT_TRUE(dst_is('e'));
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, RevokedKeyTest,
+                         ::testing::Values(std::string("tcp;ofi_rxm"), std::string("shm")),
+                         [](const auto& info) {
+                           return info.param == "shm" ? std::string("shm") : std::string("tcp");
+                         });
+
+}  // namespace
+}  // namespace cleave::transfer

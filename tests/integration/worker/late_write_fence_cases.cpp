@@ -1,0 +1,105 @@
+// Not named *_test.cpp: tests/worker.cmake registers it.
+// Late KV writes are fenced: a decode worker gives each reservation a memory key of its own and
+// revokes it when the reservation ends (here: Release, and the lease running out), before its
+// blocks can go to another request. A Prefill that still writes with the stale destination
+// then fails with an error, the decode worker holds no block, and a fresh request gives the
+// undisturbed tokens. Over tcp;ofi_rxm and shm on 127.0.0.1, with real worker processes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cleave/worker/proto_convert.h"
+#include "cleave/worker/worker_client.h"
+#include "worker_test_fixture.h"
+
+namespace cleave {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace worker_testing;
+namespace fs = std::filesystem;
+
+class LateWriteFenceTest : public WorkerProcessTest {
+ protected:
+  // A bound on the stale write's failure: shm does not answer a refused write, so the writer
+  // gives up after the transfer engine's completion timeout.
+  const std::vector<std::string> kSettings = {"transfer.completion_timeout_ms=1000"};
+  const std::vector<int32_t> kPrompt = {1, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409,
+                                        410, 411, 412, 413, 414, 415, 416, 417, 418, 419, 420};
+
+  void SetUp() override {
+    if (!fs::exists(stories_path())) GTEST_SKIP() << stories_path() << " is absent";
+    auto procs = start_workers({{"prefill", stories_path(), kSettings},
+                                {"decode", stories_path(), kSettings}});
+    ASSERT_TRUE(procs[0] && procs[1]);
+    prefill_proc_ = std::move(procs[0]);
+    decode_proc_ = std::move(procs[1]);
+    prefill_ = connect(*prefill_proc_);
+    decode_ = connect(*decode_proc_);
+    ASSERT_TRUE(prefill_ && decode_);
+    ASSERT_TRUE(pair_workers(*prefill_, *decode_).ok());
+    reference_ = run(1);
+    ASSERT_EQ(reference_.size(), 12u);
+  }
+
+  std::vector<int32_t> run(RequestId id) {
+    Collected c;
+    auto out = run_disaggregated(*prefill_, *decode_,
+                                 InferenceRequest{id, kPrompt, greedy(12, 0, true)},
+                                 collect_into(c));
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    return c.tokens;
+  }
+
+  // A Prefill that writes into `dest` after its reservation ended.
+  Status stale_prefill(RequestId id, const v1::KvDestination& dest) {
+    v1::PrefillRequest req;
+    req.set_request_id(id);
+    req.mutable_prompt_tokens()->Assign(kPrompt.begin(), kPrompt.end());
+    to_proto(greedy(12, 0, true), req.mutable_params());
+    *req.mutable_destination() = dest;
+    return prefill_->prefill(req).status();
+  }
+
+  // The checks after a stale Prefill: it failed, nothing is held, and the next request (whose
+  // blocks are those the stale one wrote into) gives the reference tokens.
+  void expect_fenced(const Status& stale) {
+    EXPECT_FALSE(stale.ok()) << "a Prefill into an ended reservation succeeded";
+    std::printf("the stale Prefill ended with: %s\n", stale.to_string().c_str());
+    EXPECT_TRUE(drains(*decode_, 10s));
+    EXPECT_TRUE(drains(*prefill_, 10s));
+    EXPECT_EQ(run(100), reference_);
+    EXPECT_EQ(run(101), reference_);
+    EXPECT_TRUE(drains(*decode_, 10s));
+    EXPECT_TRUE(drains(*prefill_, 10s));
+  }
+
+  std::unique_ptr<WorkerProcess> prefill_proc_, decode_proc_;
+  std::unique_ptr<WorkerClient> prefill_, decode_;
+  std::vector<int32_t> reference_;
+};
+
+TEST_P(LateWriteFenceTest, PrefillIntoAReleasedReservationIsRefused) {
+  auto dest = decode_->reserve(10, static_cast<int64_t>(kPrompt.size()), 30s);
+  ASSERT_TRUE(dest.ok()) << dest.status().to_string();
+  auto released = decode_->release(10);
+  ASSERT_TRUE(released.ok() && *released);
+  ASSERT_TRUE(drains(*decode_, 5s));
+  expect_fenced(stale_prefill(10, *dest));
+}
+
+TEST_P(LateWriteFenceTest, PrefillIntoAnExpiredReservationIsRefused) {
+  auto dest = decode_->reserve(11, static_cast<int64_t>(kPrompt.size()), 200ms);
+  ASSERT_TRUE(dest.ok()) << dest.status().to_string();
+  ASSERT_TRUE(drains(*decode_, 5s));  // the lease ran out
+  auto load = decode_->load();
+  ASSERT_TRUE(load.ok());
+  EXPECT_EQ(load->leases_expired(), 1u);
+  expect_fenced(stale_prefill(11, *dest));
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, LateWriteFenceTest, ::testing::Values("tcp;ofi_rxm", "shm"),
+                         provider_name);
+
+}  // namespace
+}  // namespace cleave
