@@ -37,16 +37,17 @@ class LateWriteFenceTest : public WorkerProcessTest {
     prefill_ = connect(*prefill_proc_);
     decode_ = connect(*decode_proc_);
     ASSERT_TRUE(prefill_ && decode_);
-    ASSERT_TRUE(pair_workers(*prefill_, *decode_).ok());
+    dispatcher_ = ready_dispatcher(pair_options(*prefill_proc_, *decode_proc_));
+    ASSERT_TRUE(dispatcher_);
     reference_ = run(1);
     ASSERT_EQ(reference_.size(), 12u);
   }
 
   std::vector<int32_t> run(RequestId id) {
     Collected c;
-    auto out = run_disaggregated(*prefill_, *decode_,
-                                 InferenceRequest{id, kPrompt, greedy(12, 0, true)},
-                                 collect_into(c));
+    router::DispatchRequest req{kPrompt, greedy(12, 0, true)};
+    req.request_id = id;
+    auto out = router::run_request(*dispatcher_, std::move(req), collect_into(c));
     EXPECT_TRUE(out.ok()) << out.status().to_string();
     return c.tokens;
   }
@@ -76,6 +77,7 @@ class LateWriteFenceTest : public WorkerProcessTest {
 
   std::unique_ptr<WorkerProcess> prefill_proc_, decode_proc_;
   std::unique_ptr<WorkerClient> prefill_, decode_;
+  std::unique_ptr<router::Dispatcher> dispatcher_;
   std::vector<int32_t> reference_;
 };
 

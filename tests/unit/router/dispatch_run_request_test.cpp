@@ -198,7 +198,7 @@ TEST_F(DispatchRunRequestTest, ARefusedRequestNeverCallsTheCallback) {
 
 TEST_F(DispatchRunRequestTest, ReadinessSaysWhyARefusedPairOrAnAbsentWorkerIsNotReady) {
   std::string why;
-  Config dc = worker_config("decode", synth_path());
+  WorkerConfig dc = worker_config("decode", synth_path());
   dc.engine.block_size = 32;
   dc.engine.kv_blocks = 64;
   TestWorker decode = start_worker(dc, &why);
