@@ -12,20 +12,10 @@ namespace cleave::router {
 namespace {
 
 using namespace testing_dispatch;
-using testing_engine::ModelUnderTest;
 using testing_engine::synth_path;
 
-class DispatchDisaggregatedTest : public ::testing::Test {
+class DispatchDisaggregatedTest : public ReferenceModelTest {
  protected:
-  static void SetUpTestSuite() { ref_ = new ModelUnderTest(ModelUnderTest::load(synth_path())); }
-  static void TearDownTestSuite() {
-    delete ref_;
-    ref_ = nullptr;
-  }
-  static GenerationResult reference(const std::vector<int32_t>& prompt, const SamplingParams& p) {
-    auto model = ref_->model(1);
-    return testing_engine::generate_alone(*model, *ref_->tok, prompt, p);
-  }
   static std::vector<std::vector<int32_t>> prompts(int n) {
     std::mt19937 rng(91);
     const int64_t lens[] = {3, 16, 17, 50, 1, 95, 33, 8};
@@ -44,9 +34,7 @@ class DispatchDisaggregatedTest : public ::testing::Test {
     o.lease = 3000ms;
     return o;
   }
-  static ModelUnderTest* ref_;
 };
-ModelUnderTest* DispatchDisaggregatedTest::ref_ = nullptr;
 
 struct Submitted {
   std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();

@@ -14,20 +14,10 @@ namespace cleave::router {
 namespace {
 
 using namespace testing_dispatch;
-using testing_engine::ModelUnderTest;
 using testing_engine::synth_path;
 
-class DispatchRunRequestTest : public ::testing::Test {
+class DispatchRunRequestTest : public ReferenceModelTest {
  protected:
-  static void SetUpTestSuite() { ref_ = new ModelUnderTest(ModelUnderTest::load(synth_path())); }
-  static void TearDownTestSuite() {
-    delete ref_;
-    ref_ = nullptr;
-  }
-  static GenerationResult reference(const std::vector<int32_t>& prompt, const SamplingParams& p) {
-    auto model = ref_->model(1);
-    return testing_engine::generate_alone(*model, *ref_->tok, prompt, p);
-  }
   static DispatcherOptions disaggregated(const TestWorker& prefill, const TestWorker& decode) {
     DispatcherOptions o = test_options();
     o.mode = DispatchMode::kDisaggregated;
@@ -37,9 +27,7 @@ class DispatchRunRequestTest : public ::testing::Test {
     o.lease = 3000ms;
     return o;
   }
-  static ModelUnderTest* ref_;
 };
-ModelUnderTest* DispatchRunRequestTest::ref_ = nullptr;
 
 // What a callback saw.
 struct Seen {

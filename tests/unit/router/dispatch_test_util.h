@@ -259,4 +259,23 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = 10s) {
   return pred();
 }
 
+// A test suite with the synthetic model (synth_path) loaded once: Generator's output for a
+// prompt alone is the reference a dispatched request must equal.
+class ReferenceModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ref_ = new testing_engine::ModelUnderTest(
+        testing_engine::ModelUnderTest::load(testing_engine::synth_path()));
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    ref_ = nullptr;
+  }
+  static GenerationResult reference(const std::vector<int32_t>& prompt, const SamplingParams& p) {
+    auto model = ref_->model(1);
+    return testing_engine::generate_alone(*model, *ref_->tok, prompt, p);
+  }
+  static inline testing_engine::ModelUnderTest* ref_ = nullptr;
+};
+
 }  // namespace cleave::router::testing_dispatch

@@ -10,20 +10,10 @@ namespace cleave::router {
 namespace {
 
 using namespace testing_dispatch;
-using testing_engine::ModelUnderTest;
 using testing_engine::synth_path;
 
-class DispatchUnifiedTest : public ::testing::Test {
+class DispatchUnifiedTest : public ReferenceModelTest {
  protected:
-  static void SetUpTestSuite() { ref_ = new ModelUnderTest(ModelUnderTest::load(synth_path())); }
-  static void TearDownTestSuite() {
-    delete ref_;
-    ref_ = nullptr;
-  }
-  static GenerationResult reference(const std::vector<int32_t>& prompt, const SamplingParams& p) {
-    auto model = ref_->model(1);
-    return testing_engine::generate_alone(*model, *ref_->tok, prompt, p);
-  }
   static std::vector<std::vector<int32_t>> prompts(int n) {
     std::mt19937 rng(77);
     const int64_t lens[] = {1, 9, 16, 33, 70, 4};
@@ -33,9 +23,7 @@ class DispatchUnifiedTest : public ::testing::Test {
     }
     return out;
   }
-  static ModelUnderTest* ref_;
 };
-ModelUnderTest* DispatchUnifiedTest::ref_ = nullptr;
 
 struct Submitted {
   std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
