@@ -125,9 +125,6 @@ Status run_client(const ClientFlags& f) {
   req.params.logprobs = f.logprobs;
   req.params.seed = f.seed ? *f.seed : random_u64();
   if (!f.seed) log::info("seed {}", req.params.seed);
-  const uint64_t request_id = *req.request_id;
-  const std::vector<int32_t> prompt_token_ids = req.prompt;
-  const uint64_t seed = req.params.seed;
 
   nlohmann::json tokens = nlohmann::json::array();
   nlohmann::json logprobs = nlohmann::json::array();
@@ -150,21 +147,21 @@ Status run_client(const ClientFlags& f) {
     return true;
   };
   CLEAVE_ASSIGN_OR_RETURN(router::RequestOutcome out,
-                          router::run_request(*dispatcher, std::move(req), on_event));
+                          router::run_request(*dispatcher, req, on_event));
   log::info("request {}: {} events, ttft {:.4f} s, total {:.4f} s, kv tail {:.6f} s, {} KV bytes",
-            request_id, out.events, out.ttft_seconds, out.total_seconds, out.kv_tail_seconds,
+            *req.request_id, out.events, out.ttft_seconds, out.total_seconds, out.kv_tail_seconds,
             out.kv_bytes);
   if (f.json) {
     nlohmann::json j = {
-        {"request_id", request_id},
+        {"request_id", *req.request_id},
         {"mode", unified ? "unified" : "disaggregated"},
-        {"prompt_token_ids", prompt_token_ids},
+        {"prompt_token_ids", req.prompt},
         {"tokens", tokens},
         {"text", text},
         {"finish_reason", out.last.finish_reason()},
         {"stop_string", out.last.stop_string()},
         {"usage", usage_json(out.last.usage())},
-        {"seed", seed},
+        {"seed", req.params.seed},
         {"ttft_seconds", out.ttft_seconds},
         {"total_seconds", out.total_seconds},
         {"handed_off", out.handed_off},

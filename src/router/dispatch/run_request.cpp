@@ -56,8 +56,8 @@ class RunObserver final : public RequestObserver {
   void on_event(const v1::TokenEvent& ev) override {
     if (cancelling()) return;  // events that came before the dispatcher heard of the cancel
     RequestOutcome& out = s_->out;
-    if (out.events == 0) out.ttft_seconds = seconds_since(s_->t0);
     const bool first = out.events == 0;
+    if (first) out.ttft_seconds = seconds_since(s_->t0);
     ++out.events;
     const bool keep_going = (*s_->on_event)(ev);
     if (ev.finished()) {
