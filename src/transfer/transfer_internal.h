@@ -133,8 +133,9 @@ struct TransferState {
   Status status;
   Clock::time_point end;  // when it finished (valid once done)
   std::atomic<bool> finished{false};
+  std::vector<std::function<void()>> on_done;  // TransferHandle::on_done, until done
 
-  // First call wins; returns whether this call finished the transfer.
+  // First call wins; returns whether this call finished the transfer (and ran on_done).
   bool finish(Status s, std::optional<TransferErrorKind> kind = std::nullopt);
   bool is_done() const { return finished.load(std::memory_order_acquire); }
 };

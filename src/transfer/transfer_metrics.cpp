@@ -71,6 +71,7 @@ TransferMetricsSnapshot MetricsCounters::snapshot() const {
 }
 
 bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
+  std::vector<std::function<void()>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (done) return false;
@@ -78,13 +79,30 @@ bool TransferState::finish(Status s, std::optional<TransferErrorKind> kind) {
     end = Clock::now();
     status = std::move(s);
     finished.store(true, std::memory_order_release);
+    callbacks.swap(on_done);
   }
   if (metrics) {
     if (kind) metrics->add_error(*kind);
     metrics->add_transfer(peer ? peer->stats : nullptr, bytes, end - start, status.ok());
   }
   cv.notify_all();
+  for (auto& fn : callbacks) fn();
   return true;
+}
+
+void TransferHandle::on_done(std::function<void()> fn) const {
+  if (!state_) {
+    fn();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->on_done.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
 }
 
 std::optional<std::chrono::steady_clock::time_point> TransferHandle::completed_at() const {

@@ -272,9 +272,8 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
   return true;
 }
 
-Status KvSender::finish(std::chrono::milliseconds timeout) {
+void KvSender::start_finish() {
   State& s = *state_;
-  const auto deadline = Clock::now() + timeout;
   s.finishing.store(true, std::memory_order_release);
   bool send_notice = false;
   {
@@ -302,6 +301,32 @@ Status KvSender::finish(std::chrono::milliseconds timeout) {
       s.fail(n.status());
     }
   }
+}
+
+Status KvSender::finished_result() {
+  State& s = *state_;
+  std::optional<transfer::TransferHandle> notice;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    notice = s.notice;
+  }
+  if (Status f = s.first_failure(); !f.ok()) return f;
+  if (!notice) return Internal("finish: no notice was sent");
+  std::optional<Status> r = notice->poll();
+  if (!r) return Internal("finish: the notice is still in flight");
+  if (!r->ok()) {
+    s.fail(*r);
+    return s.first_failure();
+  }
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (!s.notice_done) s.notice_done = notice->completed_at().value_or(Clock::now());
+  return Status::Ok();
+}
+
+Status KvSender::finish(std::chrono::milliseconds timeout) {
+  State& s = *state_;
+  const auto deadline = Clock::now() + timeout;
+  start_finish();
   // Every batch must end (so that no write reads the local blocks any more), failed or not.
   std::vector<transfer::TransferHandle> handles;
   std::optional<transfer::TransferHandle> notice;
@@ -322,21 +347,51 @@ Status KvSender::finish(std::chrono::milliseconds timeout) {
         "(call drain() before releasing the blocks)", s.dest.request_id, in_flight,
         handles.size(), s.dest.worker_id, timeout.count()));
   }
-  if (Status f = s.first_failure(); !f.ok()) return f;
-  if (!notice) return Internal("finish: no notice was sent");
-  std::optional<Status> r = wait_until(*notice, deadline);
-  if (!r) {
+  if (notice && s.first_failure().ok() && !wait_until(*notice, deadline)) {
     return DeadlineExceeded(fmt::format(
         "KV of request {}: the notice to decode worker {} was not placed within {} ms",
         s.dest.request_id, s.dest.worker_id, timeout.count()));
   }
-  if (!r->ok()) {
-    s.fail(*r);
-    return s.first_failure();
-  }
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (!s.notice_done) s.notice_done = notice->completed_at().value_or(Clock::now());
-  return Status::Ok();
+  return finished_result();
+}
+
+void KvSender::when_all_done(std::function<void()> done) {
+  // One count for every handle, plus one held here until every callback is registered, so that
+  // handles finishing meanwhile cannot run `done` early.
+  struct Join {
+    std::atomic<int64_t> left{1};
+    std::function<void()> done;
+    void arrive() {
+      if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) done();
+    }
+  };
+  auto join = std::make_shared<Join>();
+  join->done = std::move(done);
+  std::vector<transfer::TransferHandle> handles = state_->all_handles();
+  join->left.fetch_add(static_cast<int64_t>(handles.size()), std::memory_order_relaxed);
+  for (const auto& h : handles) h.on_done([join] { join->arrive(); });
+  join->arrive();
+}
+
+void KvSender::finish_async(std::function<void(Status)> done) {
+  start_finish();
+  auto self = shared_from_this();
+  when_all_done([self, done = std::move(done)] {
+    for (const auto& h : self->state_->all_handles()) {
+      if (std::optional<Status> r = h.poll(); r && !r->ok()) self->state_->fail(*r);
+    }
+    done(self->finished_result());
+  });
+}
+
+void KvSender::when_drained(std::function<void()> done) {
+  auto self = shared_from_this();
+  when_all_done([self, done = std::move(done)] {
+    for (const auto& h : self->state_->all_handles()) {
+      if (std::optional<Status> r = h.poll(); r && !r->ok()) self->state_->fail(*r);
+    }
+    done();
+  });
 }
 
 bool KvSender::drain(std::chrono::milliseconds timeout) {

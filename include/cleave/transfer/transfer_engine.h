@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,12 @@ class TransferHandle {
   // When the transfer finished (its last completion was read), once it has; for latency
   // figures that must not include the time until somebody looked.
   std::optional<std::chrono::steady_clock::time_point> completed_at() const;
+  // Runs `fn` once the transfer has finished: at once on this thread when it already has,
+  // else on the thread that finishes it (a rail's progress thread, the watchdog, or a waiter
+  // driving progress), with no lock held. `fn` must be quick and must not block: it holds up
+  // the completions behind it. Every transfer finishes within its completion timeout, so `fn`
+  // always runs (at the latest when the engine shuts down and fails what is left).
+  void on_done(std::function<void()> fn) const;
 
  private:
   std::shared_ptr<TransferState> state_;

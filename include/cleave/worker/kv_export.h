@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -57,7 +58,7 @@ void plan_kv_writes(const KvLayout& local, uint64_t local_region,
 // engine's finished event) waits for every batch and the notice (sending the notice itself
 // only if no call did). A failed batch makes the next
 // on_layer_ready return false, so the engine cancels the prefill at once.
-class KvSender final : public KvExportSink {
+class KvSender final : public KvExportSink, public std::enable_shared_from_this<KvSender> {
  public:
   // `engine` outlives the sender; `peer` is engine.connect(dest.transfer_address).
   // InvalidArgument when dest.blocks do not cover `prompt_len` positions or the layouts are
@@ -80,6 +81,16 @@ class KvSender final : public KvExportSink {
   // prefill that was cancelled or failed before finish(). true when nothing is in flight.
   bool drain(std::chrono::milliseconds timeout);
 
+  // finish() and drain() without a waiting thread, for the Prefill reactor. Call them after the
+  // engine's finished event (no batch is submitted after it). `done` runs once, when every
+  // batch (and the notice) has ended: at once on this thread if they have, else on the thread
+  // that ends the last of them (TransferHandle::on_done), so it must not block. Each transfer
+  // ends within the transfer engine's completion timeout, so `done` always comes.
+  // finish_async: sends the notice as finish() does; `done` gets finish()'s result.
+  void finish_async(std::function<void(Status)> done);
+  // when_drained: no notice; for a prefill that failed or was cancelled.
+  void when_drained(std::function<void()> done);
+
   // Bytes submitted so far.
   uint64_t bytes() const;
   // Seconds from the last layer's KV of the last chunk being computed (the on_layer_ready call
@@ -93,6 +104,11 @@ class KvSender final : public KvExportSink {
 
  private:
   KvSender() = default;
+  // Sends the notice unless it went or a layer is short (which it records as the failure).
+  void start_finish();
+  // finish()'s result once every batch and the notice have ended.
+  Status finished_result();
+  void when_all_done(std::function<void()> done);
   struct State;
   std::shared_ptr<State> state_;
 };

@@ -59,9 +59,9 @@ grpc::Status WorkerRpcs::done(std::string_view rpc, const Status& s) {
   return count_rpc(core_, rpc, to_grpc(s));
 }
 
-grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
-                                 v1::WorkerInfo* out) {
-  return guarded("GetInfo", [&]() -> Status {
+grpc::ServerUnaryReactor* WorkerRpcs::GetInfo(grpc::CallbackServerContext* ctx,
+                                              const v1::GetInfoRequest*, v1::WorkerInfo* out) {
+  return unary(ctx, "GetInfo", [&]() -> Status {
     out->set_worker_id(core_.id);
     out->set_role(std::string(worker_role_name(core_.role)));
     out->set_model_name(core_.model_name);
@@ -79,9 +79,9 @@ grpc::Status WorkerRpcs::GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*
   });
 }
 
-grpc::Status WorkerRpcs::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*,
-                                 v1::LoadReport* out) {
-  return guarded("GetLoad", [&]() -> Status {
+grpc::ServerUnaryReactor* WorkerRpcs::GetLoad(grpc::CallbackServerContext* ctx,
+                                              const v1::GetLoadRequest*, v1::LoadReport* out) {
+  return unary(ctx, "GetLoad", [&]() -> Status {
     const EngineStats s = core_.engine->stats();
     out->set_waiting(s.waiting);
     out->set_running(s.running);
@@ -103,17 +103,17 @@ grpc::Status WorkerRpcs::GetLoad(grpc::ServerContext*, const v1::GetLoadRequest*
   });
 }
 
-grpc::Status WorkerRpcs::GetMetrics(grpc::ServerContext*, const v1::GetMetricsRequest*,
-                                    v1::MetricsText* out) {
-  return guarded("GetMetrics", [&]() -> Status {
+grpc::ServerUnaryReactor* WorkerRpcs::GetMetrics(grpc::CallbackServerContext* ctx,
+                                              const v1::GetMetricsRequest*, v1::MetricsText* out) {
+  return unary(ctx, "GetMetrics", [&]() -> Status {
     out->set_text(core_.metrics.render(core_.engine->stats(), core_.reservations.size()));
     return Status::Ok();
   });
 }
 
-grpc::Status WorkerRpcs::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
-                               v1::AbortResponse* out) {
-  return guarded("Abort", [&]() -> Status {
+grpc::ServerUnaryReactor* WorkerRpcs::Abort(grpc::CallbackServerContext* ctx,
+                                            const v1::AbortRequest* req, v1::AbortResponse* out) {
+  return unary(ctx, "Abort", [&]() -> Status {
     const RequestId id = req->request_id();
     if (core_.role == WorkerRole::kPrefill) core_.mark_aborted(id);
     bool aborted = core_.engine->cancel(id);

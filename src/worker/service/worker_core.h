@@ -98,34 +98,41 @@ Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view
 // Counts the RPC in the metrics (and logs a failure other than CANCELLED); returns `s`.
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s);
 
-// The gRPC service. Every handler checks the role first. The streaming RPCs (Decode, Generate)
-// run on the callback API (token_stream.h), so that no thread is held per stream; the unary
-// ones on the synchronous API.
-using WorkerServiceBase = v1::Worker::WithCallbackMethod_Decode<
-    v1::Worker::WithCallbackMethod_Generate<v1::Worker::Service>>;
+// The gRPC service. Every handler checks the role first. The RPCs that wait for the engine or
+// a transfer run on the callback API, so that no thread is held per call: the streams (Decode,
+// Generate; token_stream.h) and Prefill (rpc_prefill.cpp). The quick unary ones run on it too
+// (unary()), finished on gRPC's callback executor, so the worker has no thread pool of gRPC
+// threads that grows with the load.
+using WorkerServiceBase = v1::Worker::WithCallbackMethod_GetInfo<
+    v1::Worker::WithCallbackMethod_GetLoad<v1::Worker::WithCallbackMethod_GetMetrics<
+        v1::Worker::WithCallbackMethod_Abort<v1::Worker::WithCallbackMethod_Prefill<
+            v1::Worker::WithCallbackMethod_Decode<
+                v1::Worker::WithCallbackMethod_Generate<v1::Worker::Service>>>>>>>;
 
 class WorkerRpcs final : public WorkerServiceBase {
  public:
   WorkerRpcs(WorkerCore& core, TokenStreamPump& pump) : core_(core), pump_(pump) {}
 
-  grpc::Status GetInfo(grpc::ServerContext* ctx, const v1::GetInfoRequest* req,
-                       v1::WorkerInfo* out) override;
-  grpc::Status GetLoad(grpc::ServerContext* ctx, const v1::GetLoadRequest* req,
-                       v1::LoadReport* out) override;
-  grpc::Status GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
-                          v1::MetricsText* out) override;
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* ctx,
+                                    const v1::GetInfoRequest* req, v1::WorkerInfo* out) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* ctx,
+                                    const v1::GetLoadRequest* req, v1::LoadReport* out) override;
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx,
+                                       const v1::GetMetricsRequest* req,
+                                       v1::MetricsText* out) override;
   grpc::Status Reserve(grpc::ServerContext* ctx, const v1::ReserveRequest* req,
                        v1::KvDestination* out) override;
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse* out) override;
-  grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
-                       v1::PrefillResponse* out) override;
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* ctx,
+                                    const v1::PrefillRequest* req,
+                                    v1::PrefillResponse* out) override;
   grpc::ServerWriteReactor<v1::TokenEvent>* Decode(grpc::CallbackServerContext* ctx,
                                                    const v1::DecodeRequest* req) override;
   grpc::ServerWriteReactor<v1::TokenEvent>* Generate(grpc::CallbackServerContext* ctx,
                                                      const v1::GenerateRequest* req) override;
-  grpc::Status Abort(grpc::ServerContext* ctx, const v1::AbortRequest* req,
-                     v1::AbortResponse* out) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,
+                                  v1::AbortResponse* out) override;
 
  private:
   // The end of every unary handler: `s` becomes the RPC's status (to_grpc, proto_convert.h),
@@ -146,7 +153,16 @@ class WorkerRpcs final : public WorkerServiceBase {
     }
     return done(rpc, s);
   }
-  Status prefill(grpc::ServerContext* ctx, const v1::PrefillRequest& req, v1::PrefillResponse* out);
+
+  // A quick unary handler on the callback API: guarded(rpc, body), finished at once on the
+  // calling thread (gRPC's callback executor), with no reactor of its own.
+  template <typename Body>
+  grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, std::string_view rpc,
+                                  Body&& body) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(guarded(rpc, std::forward<Body>(body)));
+    return reactor;
+  }
 
   WorkerCore& core_;
   TokenStreamPump& pump_;

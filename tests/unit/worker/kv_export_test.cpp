@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -493,6 +494,69 @@ TEST_P(KvSenderTest, AFinishBeforeEveryLayerWasSentIsRefusedWithoutANotice) {
       << st.message();
   EXPECT_FALSE(dst.engine->wait_notice(300ms).ok()) << "a notice went out for incomplete KV";
   EXPECT_TRUE((*sender)->drain(2s));
+}
+
+// finish_async and when_drained (the Prefill reactor's) call back exactly once, with finish()'s
+// result: the KV in place and the notice sent, or the short layer refused without a notice.
+TEST_P(KvSenderTest, FinishAsyncAndWhenDrainedCallBackOnceWithFinishsResult) {
+  Side src = make_side(12), dst = make_side(40);
+  ASSERT_TRUE(src.engine && src.pool && dst.engine && dst.pool);
+  fill(*src.pool, 0.25f);
+  fill(*dst.pool, -1e6f);
+  std::vector<std::byte> before(dst.pool->data(), dst.pool->data() + dst.pool->size_bytes());
+  const std::vector<BlockId> sb = {0, 1, 2, 3, 4, 5, 6}, db = {10, 11, 12, 13, 14, 15, 16};
+  auto peer = src.engine->connect(dst.engine->address());
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  const int64_t layers = src.pool->layout().n_layers;
+  struct Calls {
+    std::atomic<int> n{0};
+    std::promise<Status> result;
+  };
+  {  // Every layer sent: OK, the notice follows, the bytes land.
+    auto sender = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(),
+                                   kFingerprint, destination(dst, db), kPrompt);
+    ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      ASSERT_TRUE((*sender)->on_layer_ready(layer, 0, kPrompt, sb, true));
+    }
+    auto calls = std::make_shared<Calls>();
+    (*sender)->finish_async([calls](Status st) {
+      if (calls->n.fetch_add(1) == 0) calls->result.set_value(std::move(st));
+    });
+    auto got = calls->result.get_future();
+    ASSERT_EQ(got.wait_for(5s), std::future_status::ready) << "finish_async never called back";
+    const Status st = got.get();
+    ASSERT_TRUE(st.ok()) << st.to_string();
+    auto notice = dst.engine->wait_notice(5s);
+    ASSERT_TRUE(notice.ok()) << notice.status().to_string();
+    EXPECT_EQ(notice->tag, kTag);
+    auto want = expected(before, *src.pool, sb, *dst.pool, db, kPrompt);
+    EXPECT_EQ(std::memcmp(want.data(), dst.pool->data(), want.size()), 0);
+    EXPECT_GT((*sender)->tail_seconds(), 0.0);
+    auto drained = std::make_shared<std::atomic<int>>(0);
+    (*sender)->when_drained([drained] { drained->fetch_add(1); });
+    EXPECT_EQ(drained->load(), 1) << "nothing in flight: when_drained calls back at once";
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(calls->n.load(), 1);
+  }
+  {  // A layer short: FailedPrecondition, no notice.
+    auto sender = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(),
+                                   kFingerprint, destination(dst, db), kPrompt);
+    ASSERT_TRUE(sender.ok());
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      ASSERT_TRUE((*sender)->on_layer_ready(layer, 0, layer == 1 ? 30 : kPrompt, sb, true));
+    }
+    auto calls = std::make_shared<Calls>();
+    (*sender)->finish_async([calls](Status st) {
+      if (calls->n.fetch_add(1) == 0) calls->result.set_value(std::move(st));
+    });
+    auto got = calls->result.get_future();
+    ASSERT_EQ(got.wait_for(5s), std::future_status::ready);
+    const Status st = got.get();
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.to_string();
+    EXPECT_FALSE(dst.engine->wait_notice(300ms).ok()) << "a notice went out for incomplete KV";
+    EXPECT_EQ(calls->n.load(), 1);
+  }
 }
 
 // The decode worker's process is killed after the first chunk went out: the next chunks and

@@ -609,6 +609,78 @@ TEST_F(WorkerServiceTest, ManyConcurrentStreamsHoldNoThreadEach) {
   expect_pool_back(*w.stub, "after the streams");
 }
 
+// Prefill runs on the callback API: prefills waiting for the engine hold no thread each. The
+// prefill engine takes one sequence at a time, so that most of the calls wait at once.
+TEST_F(WorkerServiceTest, ManyConcurrentPrefillsHoldNoThreadEach) {
+  WorkerConfig dconfig = worker_config("decode");
+  dconfig.engine.kv_blocks = 512;
+  std::string why;
+  Worker decode = start(dconfig, &why);
+  if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+  WorkerConfig pconfig = worker_config("prefill");
+  pconfig.engine.max_num_seqs = 1;
+  pconfig.engine.max_tokens_per_step = 8;
+  pconfig.engine.kv_blocks = 512;
+  Worker prefill = start(pconfig);
+  ASSERT_TRUE(prefill.server);
+  const int baseline = thread_count();
+  constexpr int kCalls = 120;
+  const auto prompts = mixed_prompts(*ref_->tok, 8);
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::PrefillRequest req;
+    v1::PrefillResponse resp;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  std::atomic<int> done{0};
+  for (int i = 0; i < kCalls; ++i) {
+    auto call = std::make_unique<Call>();
+    const uint64_t id = 7000 + static_cast<uint64_t>(i);
+    const auto& prompt = prompts[static_cast<size_t>(i) % prompts.size()];
+    v1::KvDestination dest;
+    ASSERT_TRUE(reserve(*decode.stub, id, static_cast<int64_t>(prompt.size()), 30000, &dest).ok());
+    call->req.set_request_id(id);
+    call->req.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());
+    to_proto(greedy(4), call->req.mutable_params());
+    *call->req.mutable_destination() = dest;
+    call->ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+    calls.push_back(std::move(call));
+  }
+  for (auto& c : calls) {
+    Call* raw = c.get();
+    prefill.stub->async()->Prefill(&raw->ctx, &raw->req, &raw->resp, [raw, &done](grpc::Status s) {
+      raw->status = std::move(s);
+      done.fetch_add(1);
+    });
+  }
+  int most = baseline;
+  int done_when_most = 0;
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while (done.load() < kCalls && std::chrono::steady_clock::now() < until) {
+    const int n = thread_count();
+    if (n > most) {
+      most = n;
+      done_when_most = done.load();
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_EQ(done.load(), kCalls) << "prefills still in flight after 60 s";
+  std::printf("threads: %d before, at most %d with %d of %d prefills done\n", baseline, most,
+              done_when_most, kCalls);
+  int ok = 0;
+  for (auto& c : calls) {
+    if (c->status.ok() && c->resp.first().has_token()) ++ok;
+    else ADD_FAILURE() << c->status.error_message();
+    release(*decode.stub, c->req.request_id());
+  }
+  EXPECT_EQ(ok, kCalls);
+  // A thread per waiting call would add about kCalls; gRPC's own pools stay well below that.
+  EXPECT_LT(most - baseline, kCalls / 3) << "threads: " << baseline << " -> " << most;
+  expect_pool_back(*prefill.stub, "prefill");
+  expect_pool_back(*decode.stub, "decode");
+}
+
 TEST_F(WorkerServiceTest, RolesRefuseWhatTheyDoNotServe) {
   Worker unified = start(worker_config("unified"));
   ASSERT_TRUE(unified.server);
