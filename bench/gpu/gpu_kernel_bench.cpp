@@ -1,0 +1,155 @@
+// The GPU kernels beside the floor the device's memory bandwidth sets: paged decode attention at
+// batch 1, 16 and 64 over a 4,096-token context of a Llama-3.2-1B-shaped layer (32 query heads,
+// 8 KV heads of 64, bf16 KV), and RMSNorm over its 2,048-wide rows. Bytes are what the kernel
+// must read at least (each token's K and V rows once); the floor is bytes / bandwidth, the
+// bandwidth given by --hbm-tbps (4.8 for H200). Exits 77 without a CUDA device.
+//
+// Usage: gpu_kernel_bench [--hbm-tbps 4.8] [--context 4096] [--iters 50]
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_kernels.h"
+
+namespace {
+
+#define CHECK(expr)                                                                  \
+  do {                                                                               \
+    const cudaError_t e_ = (expr);                                                   \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s: %s\n", #expr, cudaGetErrorString(e_));              \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, host.size() * sizeof(T)));
+  CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return static_cast<T*>(p);
+}
+
+// Median milliseconds of `iters` runs of fn (after two warm-up runs), timed by events.
+template <typename Fn>
+float median_ms(int iters, cudaStream_t stream, Fn&& fn) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 2; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    CHECK(cudaEventRecord(a, stream));
+    fn();
+    CHECK(cudaEventRecord(b, stream));
+    CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return ms[ms.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double tbps = 4.8;
+  int64_t context = 4096;
+  int iters = 50;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    if (f == "--hbm-tbps") tbps = std::atof(argv[i + 1]);
+    else if (f == "--context") context = std::atoll(argv[i + 1]);
+    else if (f == "--iters") iters = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "gpu_kernel_bench: unknown flag '%s'\n", f.c_str());
+      return 2;
+    }
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CHECK(cudaStreamCreate(&stream));
+  const int64_t heads = 32, kv_heads = 8, hd = 64, kv_dim = kv_heads * hd, bs = 16;
+  const int64_t max_batch = 64, blocks_per_seq = (context + bs - 1) / bs;
+  const int64_t num_blocks = max_batch * blocks_per_seq;
+  const size_t pool_bytes = static_cast<size_t>(num_blocks) * 2 * bs * kv_dim * 2;  // bf16
+  std::byte* pool = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&pool), pool_bytes));
+  CHECK(cudaMemset(pool, 0x3c, pool_bytes));  // bf16 ~0.0115 everywhere: finite scores
+  std::printf("device: %s, %d SMs, L2 %d MiB; floor at %.2f TB/s\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, tbps);
+  std::printf("%-34s %10s %12s %10s %8s\n", "kernel", "median us", "bytes", "floor us", "x floor");
+  std::mt19937 rng(7);
+  for (int64_t batch : {1, 16, 64}) {
+    std::vector<int64_t> positions(batch, context - 1), slots(batch), seq_blocks(batch);
+    std::vector<int32_t> seq(batch), ids(static_cast<size_t>(batch * blocks_per_seq));
+    for (int64_t s = 0; s < batch; ++s) {
+      seq[s] = static_cast<int32_t>(s);
+      seq_blocks[s] = s * blocks_per_seq;
+      for (int64_t b = 0; b < blocks_per_seq; ++b) ids[s * blocks_per_seq + b] = static_cast<int32_t>(s * blocks_per_seq + b);
+      slots[s] = ids[s * blocks_per_seq + blocks_per_seq - 1] * bs + (context - 1) % bs;
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);  // scattered blocks, as a busy pool has them
+    std::vector<float> q(static_cast<size_t>(batch * heads * hd), 0.5f);
+    cleave::cuda::DeviceTokenBatch b;
+    b.n_tokens = batch;
+    b.positions = device_copy(positions);
+    b.kv_slots = device_copy(slots);
+    b.seq = device_copy(seq);
+    b.seq_blocks = device_copy(seq_blocks);
+    b.block_ids = device_copy(ids);
+    float* dq = device_copy(q);
+    float* dout = nullptr;
+    CHECK(cudaMalloc(reinterpret_cast<void**>(&dout), q.size() * sizeof(float)));
+    cleave::cuda::DevicePagedKv kv{pool, num_blocks, bs, kv_dim, cleave::cuda::ElemType::kBF16};
+    const float ms = median_ms(iters, stream, [&] {
+      CHECK(cleave::cuda::paged_attention(b, dq, dout, kv, 0, heads, kv_heads, hd, stream));
+    });
+    const double bytes = static_cast<double>(batch) * context * 2 * kv_dim * 2;
+    const double floor_us = bytes / (tbps * 1e12) * 1e6;
+    char name[64];
+    std::snprintf(name, sizeof name, "paged_attention bf16 b=%lld ctx=%lld",
+                  static_cast<long long>(batch), static_cast<long long>(context));
+    std::printf("%-34s %10.1f %12.0f %10.1f %8.2f\n", name, ms * 1e3, bytes, floor_us,
+                ms * 1e3 / floor_us);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(const_cast<int64_t*>(b.positions));
+    cudaFree(const_cast<int64_t*>(b.kv_slots));
+    cudaFree(const_cast<int32_t*>(b.seq));
+    cudaFree(const_cast<int64_t*>(b.seq_blocks));
+    cudaFree(const_cast<int32_t*>(b.block_ids));
+  }
+  {
+    const int64_t n = 64, dim = 2048;
+    std::vector<float> x(static_cast<size_t>(n * dim), 1.0f), w(static_cast<size_t>(dim), 1.0f);
+    float* dx = device_copy(x);
+    float* dw = device_copy(w);
+    const float ms = median_ms(iters, stream, [&] {
+      CHECK(cleave::cuda::rmsnorm(dx, dw, 1e-5f, n, dim, dx, stream));
+    });
+    const double bytes = static_cast<double>(n) * dim * 4 * 2;
+    const double floor_us = bytes / (tbps * 1e12) * 1e6;
+    std::printf("%-34s %10.1f %12.0f %10.1f %8.2f\n", "rmsnorm f32 64x2048", ms * 1e3, bytes,
+                floor_us, ms * 1e3 / floor_us);
+    cudaFree(dx);
+    cudaFree(dw);
+  }
+  cudaFree(pool);
+  return 0;
+}

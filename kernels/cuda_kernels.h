@@ -1,0 +1,83 @@
+// The CUDA kernels of the GPU backend (DESIGN.md §3 "Backends"): the operations of one
+// Llama-family layer over device memory, as the CPU backend (src/engine/backend/cpu_backend.cpp)
+// defines them. Host-callable launchers; every pointer is device memory unless it says host.
+// Each launcher enqueues on `stream` and returns the launch's error (cudaSuccess when queued).
+//
+// Activations are fp32, row-major [n_tokens, width]; the KV pool is paged exactly as
+// kvcache/kv_layout.h lays it out (unit (layer, block) = K of block_size rows, then V; rows of
+// kv_dim elements of f32, f16 or bf16; units layer-major), so the transfer engine moves the same
+// bytes whichever backend wrote them.
+//
+// Batch invariance (backend.h): every output element is computed by one thread block whose
+// work depends only on that token's data, its position and its sequence's keys: never on how
+// many tokens share the launch or where they sit in it. The reduction orders differ from the
+// CPU backend's (within the tolerances the GPU tests check), never between launches.
+//
+// This header is plain C++ (no CUDA language features), so host code compiled by the C++
+// compiler includes it; it needs only the CUDA runtime's types.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cleave::cuda {
+
+// Element types of a KV pool or an embedding table (the subset of model/tensor_view.h's DType a
+// kernel reads directly).
+enum class ElemType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+// Where a batch's tokens sit (backend.h TokenBatch), uploaded to the device once per step.
+struct DeviceTokenBatch {
+  int64_t n_tokens = 0;
+  const int64_t* positions = nullptr;   // [n_tokens]
+  const int64_t* kv_slots = nullptr;    // [n_tokens]: block * block_size + offset
+  const int32_t* seq = nullptr;         // [n_tokens]: index of its sequence
+  const int64_t* seq_blocks = nullptr;  // [n_seqs]: offset of sequence s's table in block_ids
+  const int32_t* block_ids = nullptr;   // the block tables, concatenated
+};
+
+// A paged KV pool in device memory (backend.h PagedKv).
+struct DevicePagedKv {
+  std::byte* base = nullptr;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;
+  int64_t kv_dim = 0;
+  ElemType dtype = ElemType::kF32;
+};
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * weight, rows of `dim`; x and out may alias.
+cudaError_t rmsnorm(const float* x, const float* weight, float eps, int64_t n_tokens, int64_t dim,
+                    float* out, cudaStream_t stream);
+// Rotary embedding in place of the first n_heads * head_dim floats of each row (row_stride
+// floats apart), at the token's position (device array). neox: pairs (j, j + head_dim/2), else
+// (2j, 2j+1). inv_freq: head_dim/2 angular frequencies (device), scaling already applied.
+cudaError_t rope(float* x, int64_t row_stride, int64_t n_tokens, const int64_t* positions,
+                 int64_t n_heads, int64_t head_dim, bool neox, const float* inv_freq,
+                 cudaStream_t stream);
+// out[i] = silu(gate[i]) * up[i]; out may alias gate.
+cudaError_t silu_mul(const float* gate, const float* up, int64_t n, float* out,
+                     cudaStream_t stream);
+// y[i] += x[i].
+cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t stream);
+// y[t * dim + i] += bias[i] for n_tokens rows.
+cudaError_t add_bias(float* y, const float* bias, int64_t n_tokens, int64_t dim,
+                     cudaStream_t stream);
+// out[t] = row tokens[t] of `table` ([rows, cols] of `type`) as f32; ids must be in range.
+cudaError_t embedding(const void* table, ElemType type, int64_t cols, const int32_t* tokens,
+                      int64_t n_tokens, float* out, cudaStream_t stream);
+// Stores each token's K and V rows ([n_tokens, kv_dim] f32) into its slot of `layer`, rounded
+// to the pool's type (round to nearest even, as the CPU backend's kv_store).
+cudaError_t write_kv(const DeviceTokenBatch& batch, const float* k, const float* v,
+                     const DevicePagedKv& kv, int64_t layer, cudaStream_t stream);
+// Causal attention of every token over keys 0..position of its own sequence (through its block
+// table), its own K/V already in the pool: out = softmax(q k^T / sqrt(head_dim)) v per head;
+// query head h reads KV head h / (n_heads / n_kv_heads). head_dim at most 256 and even.
+// One thread block per (token, head), keys in tiles in key order with a running (online)
+// softmax, so a token's result does not depend on the batch.
+cudaError_t paged_attention(const DeviceTokenBatch& batch, const float* q, float* out,
+                            const DevicePagedKv& kv, int64_t layer, int64_t n_heads,
+                            int64_t n_kv_heads, int64_t head_dim, cudaStream_t stream);
+
+}  // namespace cleave::cuda

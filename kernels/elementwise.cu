@@ -1,0 +1,149 @@
+// Row and element kernels: RMSNorm, RoPE, SiLU-and-multiply, residual adds, embedding gather.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "cuda_kernels.h"
+#include "kernel_util.cuh"
+
+namespace cleave::cuda {
+namespace {
+
+constexpr int kRowThreads = 256;
+
+// One block per token: the sum of squares in a fixed order (thread i takes elements i, i+256,
+// ..., then a tree over the threads), so a row's result never depends on the batch.
+__global__ void rmsnorm_kernel(const float* x, const float* w, float eps, int64_t dim,
+                               float* out) {
+  const int64_t t = blockIdx.x;
+  const float* row = x + t * dim;
+  float sum = 0.0f;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) sum = fmaf(row[i], row[i], sum);
+  sum = block_sum<kRowThreads>(sum);
+  const float scale = rsqrtf(sum / static_cast<float>(dim) + eps);
+  float* o = out + t * dim;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) o[i] = row[i] * scale * w[i];
+}
+
+// One thread per (token, head, pair).
+__global__ void rope_kernel(float* x, int64_t row_stride, int64_t n_tokens,
+                            const int64_t* positions, int64_t n_heads, int64_t head_dim,
+                            bool neox, const float* inv_freq) {
+  const int64_t half = head_dim / 2;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_tokens * n_heads * half) return;
+  const int64_t j = i % half;
+  const int64_t h = (i / half) % n_heads;
+  const int64_t t = i / (half * n_heads);
+  const float angle = static_cast<float>(positions[t]) * inv_freq[j];
+  float s, c;
+  sincosf(angle, &s, &c);
+  float* head = x + t * row_stride + h * head_dim;
+  float* p0 = neox ? head + j : head + 2 * j;
+  float* p1 = neox ? head + j + half : head + 2 * j + 1;
+  const float v0 = *p0, v1 = *p1;
+  *p0 = v0 * c - v1 * s;
+  *p1 = v0 * s + v1 * c;
+}
+
+__global__ void silu_mul_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int64_t dim) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % dim];
+  }
+}
+
+template <ElemType T>
+__global__ void embedding_kernel(const void* table, int64_t cols, const int32_t* tokens,
+                                 float* out) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = tokens[t];
+  float* o = out + t * cols;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
+    o[i] = load_elem<T>(table, row * cols + i);
+  }
+}
+
+// Blocks for a grid-stride loop over n elements.
+unsigned grid_for(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks));
+}
+
+}  // namespace
+
+cudaError_t rmsnorm(const float* x, const float* weight, float eps, int64_t n_tokens, int64_t dim,
+                    float* out, cudaStream_t stream) {
+  if (n_tokens <= 0) return cudaSuccess;
+  rmsnorm_kernel<<<static_cast<unsigned>(n_tokens), kRowThreads, 0, stream>>>(x, weight, eps,
+                                                                              dim, out);
+  return cudaGetLastError();
+}
+
+cudaError_t rope(float* x, int64_t row_stride, int64_t n_tokens, const int64_t* positions,
+                 int64_t n_heads, int64_t head_dim, bool neox, const float* inv_freq,
+                 cudaStream_t stream) {
+  const int64_t n = n_tokens * n_heads * (head_dim / 2);
+  if (n <= 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  rope_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      x, row_stride, n_tokens, positions, n_heads, head_dim, neox, inv_freq);
+  return cudaGetLastError();
+}
+
+cudaError_t silu_mul(const float* gate, const float* up, int64_t n, float* out,
+                     cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  silu_mul_kernel<<<grid_for(n, 256), 256, 0, stream>>>(gate, up, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  add_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add_bias(float* y, const float* bias, int64_t n_tokens, int64_t dim,
+                     cudaStream_t stream) {
+  const int64_t n = n_tokens * dim;
+  if (n <= 0) return cudaSuccess;
+  add_bias_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, bias, n, dim);
+  return cudaGetLastError();
+}
+
+cudaError_t embedding(const void* table, ElemType type, int64_t cols, const int32_t* tokens,
+                      int64_t n_tokens, float* out, cudaStream_t stream) {
+  if (n_tokens <= 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>(n_tokens);
+  switch (type) {
+    case ElemType::kF32:
+      embedding_kernel<ElemType::kF32><<<grid, 256, 0, stream>>>(table, cols, tokens, out);
+      break;
+    case ElemType::kF16:
+      embedding_kernel<ElemType::kF16><<<grid, 256, 0, stream>>>(table, cols, tokens, out);
+      break;
+    case ElemType::kBF16:
+      embedding_kernel<ElemType::kBF16><<<grid, 256, 0, stream>>>(table, cols, tokens, out);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace cleave::cuda
