@@ -68,7 +68,8 @@ class PrefillCall {
     auto sender = KvSender::create(*core_.transfer, *peer, core_.kv_region,
                                    core_.engine->kv_layout(), core_.model_fingerprint,
                                    std::move(*dest),
-                                   static_cast<int64_t>(req.prompt_tokens_size()));
+                                   static_cast<int64_t>(req.prompt_tokens_size() +
+                                                        req.resume_tokens_size()));
     if (!sender.ok()) return sender.status().with_context(fmt::format("request {}", id_));
     kv_ = std::move(*sender);
     return Status::Ok();
@@ -80,6 +81,7 @@ class PrefillCall {
     r.id = id_;
     r.prompt.assign(req.prompt_tokens().begin(), req.prompt_tokens().end());
     r.params = req.has_params() ? from_proto(req.params()) : SamplingParams{};
+    r.resume_tokens.assign(req.resume_tokens().begin(), req.resume_tokens().end());
     r.kv_export = kv_;
     events_ = std::make_shared<RequestEvents>();
     return core_.engine->submit(std::move(r), RequestEvents::callback(events_));
