@@ -216,9 +216,6 @@ void DispatchCall::end() {
     std::lock_guard<std::mutex> lock(deliver_mu_);
     delivered_terminal_ = true;
     observer = std::move(observer_);  // breaks observer -> handle -> call cycles
-    if (finished_ok_ && migrations_ > 0 && core_->migrations_completed) {
-      core_->migrations_completed->inc();
-    }
   }
   core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
   core_->remove_call(shared_from_this());
@@ -318,12 +315,16 @@ bool DispatchCall::deliver(const v1::TokenEvent& event) {
   {
     std::lock_guard<std::mutex> lock(deliver_mu_);
     if (cancelled() || delivered_terminal_ || !observer_) return false;
+    // Counted before the observer hears of the end, so that it sees the count.
+    if (event.finished() && migrations_ > 0 && core_->migrations_completed) {
+      core_->migrations_completed->inc();
+    }
     delivering_.store(std::this_thread::get_id(), std::memory_order_release);
     observer_->on_event(event);
     delivering_.store(std::thread::id{}, std::memory_order_release);
     if (event.has_token()) delivered_tokens_.push_back(event.token());
     started_.store(true, std::memory_order_release);
-    if (event.finished() && !cancelled()) delivered_terminal_ = finished_ok_ = true;
+    if (event.finished() && !cancelled()) delivered_terminal_ = true;
     stop_now = cancel_deferred_.exchange(false);
   }
   if (stop_now) {

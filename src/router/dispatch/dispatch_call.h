@@ -157,7 +157,6 @@ class DispatchCall final : public DispatchHandle,
   std::shared_ptr<RequestObserver> observer_;     // reset when the request ends
   std::atomic<std::thread::id> delivering_{};     // thread inside an observer callback
   bool delivered_terminal_ = false;               // under deliver_mu_
-  bool finished_ok_ = false;                      // under deliver_mu_: the finished event went
   // The tokens of the events delivered, in order: a migration's resume tokens. Written by
   // deliver() and read by begin_attempt(), both on the request's own flow (one step at a time).
   std::vector<int32_t> delivered_tokens_;

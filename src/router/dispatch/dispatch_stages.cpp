@@ -157,14 +157,16 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
         if (self->core_->kv_transfer_seconds && r.kv_bytes() > 0) {
           self->core_->kv_transfer_seconds->observe(r.kv_transfer_seconds());
         }
-        const v1::TokenEvent& first = r.first();
+        v1::TokenEvent& first = *r.mutable_first();
         if (!self->started_.load(std::memory_order_acquire)) {
-          // The request's own prefill (a migration's is not news to the observer, and its
-          // cache hits may include the resumed tokens).
           self->cached_prompt_tokens_ = first.usage().cached_prompt_tokens();
           self->deliver_prefilled(PrefillFigures{.kv_bytes = r.kv_bytes(),
                                                  .kv_tail_seconds = r.kv_tail_seconds(),
                                                  .kv_transfer_seconds = r.kv_transfer_seconds()});
+        } else if (first.finished() && first.has_usage()) {
+          // A migration's prefill is not news to the observer; the usage keeps the request's
+          // own prefill's cache hits.
+          first.mutable_usage()->set_cached_prompt_tokens(self->cached_prompt_tokens_);
         }
         const bool delivered = self->deliver(first);
         if (first.finished()) {
