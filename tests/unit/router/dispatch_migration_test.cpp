@@ -311,5 +311,18 @@ TEST_F(DispatchMigrationTest, CancelDuringAMigrationFreesEveryBlock) {
   }
 }
 
+TEST(DispatchMigrationOptionsTest, NegativeMaxMigrationsIsRefused) {
+  DispatcherOptions o = test_options();
+  o.unified.workers = {"127.0.0.1:1"};
+  EXPECT_TRUE(validate_dispatcher_options(o).ok());
+  EXPECT_EQ(DispatcherOptions{}.max_migrations, 2);
+  o.max_migrations = 0;
+  EXPECT_TRUE(validate_dispatcher_options(o).ok());
+  o.max_migrations = -1;
+  const Status st = validate_dispatcher_options(o);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("max_migrations"), std::string::npos) << st.to_string();
+}
+
 }  // namespace
 }  // namespace cleave::router
