@@ -3,10 +3,12 @@
 //  - the prefill worker: the decode worker frees the reservation within its lease;
 //  - the decode worker: the prefill fails within the transfer engine's bound and frees its
 //    blocks;
-//  - the decode worker in the middle of a stream: the router migrates the stream to the other
-//    decode worker and it completes with the undisturbed run's text.
+//  - the decode worker in the middle of a stream (SIGKILL, or SIGSTOP: silent past the stream
+//    idle deadline): the router migrates the stream to the other decode worker and it
+//    completes with the undisturbed run's text.
 // Neither hangs, each survivor serves on with a fresh peer, and its pool drains.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <filesystem>
@@ -300,6 +302,68 @@ TEST_P(WorkerFailureTest, DecodeKilledMidStreamTheStreamCompletesWithTheReferenc
   for (size_t i = 0; i < decoders.size(); ++i) {
     if (procs[i + 1]) EXPECT_TRUE(drains(*decoders[i], 10s));
   }
+}
+
+// (f) The decode worker goes silent mid-stream (SIGSTOP): the router's stream idle deadline
+// ends that attempt and the stream is migrated to the other decode worker, with the reference
+// text. Resumed (SIGCONT), the silent worker finds its stream cancelled and frees its blocks.
+TEST_P(WorkerFailureTest, DecodeSilentMidStreamTheStreamMovesOnAtTheIdleDeadline) {
+  auto procs = start_workers({{"prefill", synth_path()}, {"decode", synth_path()},
+                              {"decode", synth_path()}});
+  for (const auto& p : procs) ASSERT_TRUE(p);
+  auto prefill = connect(*procs[0]);
+  auto d0 = connect(*procs[1]);
+  auto d1 = connect(*procs[2]);
+  ASSERT_TRUE(prefill && d0 && d1);
+  metrics::MetricsRegistry registry;
+  router::DispatcherOptions o = pair_options(*procs[0], *procs[1]);
+  o.decode.workers = {procs[1]->address(), procs[2]->address()};
+  o.timeouts.stream_idle = 1500ms;
+  o.metrics = &registry;
+  auto dispatcher = ready_dispatcher(o);
+  ASSERT_TRUE(dispatcher);
+  std::mt19937 rng(6);
+  std::vector<int32_t> prompt = random_tokens(rng, 1024, -1, -1, 30);
+  prompt[0] = 1000;
+  const SamplingParams params = greedy(400, 0, true);
+  Collected reference;
+  ASSERT_TRUE(router::run_request(*dispatcher, {prompt, params}, collect_into(reference)).ok());
+  ASSERT_EQ(reference.tokens.size(), 400u);
+  ASSERT_TRUE(drains(*d0, 10s) && drains(*d1, 10s));
+
+  Collected c;
+  auto running = std::async(std::launch::async, [&] {
+    return router::run_request(*dispatcher, {prompt, params}, collect_into(c));
+  });
+  WorkerClient* decoders[] = {d0.get(), d1.get()};
+  int victim = -1;
+  const auto deadline = Clock::now() + 30s;
+  while (victim < 0 && Clock::now() < deadline &&
+         running.wait_for(0ms) != std::future_status::ready) {
+    for (int i = 0; i < 2; ++i) {
+      auto l = decoders[i]->load();
+      if (l.ok() && l->running() >= 1) victim = i;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_GE(victim, 0) << "no decode worker was seen running the request";
+  std::this_thread::sleep_for(50ms);
+  ASSERT_NE(running.wait_for(0ms), std::future_status::ready) << "it ended before the stop";
+  const pid_t pid = procs[static_cast<size_t>(victim) + 1]->pid();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto outcome = running.wait_for(60s);
+  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  ASSERT_EQ(outcome, std::future_status::ready) << "the stream hangs";
+  auto out = running.get();
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(c.tokens, reference.tokens);
+  EXPECT_EQ(c.text, reference.text);
+  EXPECT_EQ(c.finished_events, 1);
+  EXPECT_EQ(c.usage.completion_tokens(), 400);
+  EXPECT_EQ(metric_sum(registry.render(), "cleave:migrations_total{outcome=\"resumed\"}"), 1);
+  EXPECT_TRUE(drains(*prefill, 10s));
+  EXPECT_TRUE(drains(*d0, 20s));
+  EXPECT_TRUE(drains(*d1, 20s));
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, WorkerFailureTest, ::testing::Values("tcp;ofi_rxm", "shm"),
