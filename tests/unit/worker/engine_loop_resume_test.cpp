@@ -1,7 +1,8 @@
 // A request migrated mid-stream (EngineRequest::resume_tokens): resumed after any k of its
 // tokens, it gives exactly the rest of the undisturbed run's tokens, text, logprobs, finish
-// reason and stop string, greedy and seeded, with penalties, min_tokens and a stop string that
-// the resume point splits; its usage counts the whole request. Bad resume tokens are refused
+// reason and stop string, greedy and seeded, with penalties, min_tokens, a stop string that
+// the resume point splits and a multi-byte character it splits; its usage counts the whole
+// request. Bad resume tokens are refused
 // at submit().
 #include <future>
 #include <map>
@@ -109,10 +110,17 @@ class ResumeTest : public ::testing::Test {
     return runs_.wait(id);
   }
 
+  // Where resume points fell: after a token whose text the reference held back (a token event
+  // without text), and among those, inside a multi-byte UTF-8 character (the text released
+  // next starts with a continuation of it: a byte >= 0x80).
+  struct Splits {
+    int held = 0;
+    int utf8 = 0;
+  };
+
   // Resumes the request after every k in [0, n) of the reference's n tokens, all at once on one
-  // engine, and checks each against the reference's rest. Returns how many of those k fell
-  // where the reference held text back (a token event with no text).
-  int check_every_resume_point(const std::string& what, const std::vector<int32_t>& prompt,
+  // engine, and checks each against the reference's rest.
+  Splits check_every_resume_point(const std::string& what, const std::vector<int32_t>& prompt,
                                const SamplingParams& p, const Events& ref) {
     EXPECT_TRUE(ref.finished && ref.error.ok()) << what << ": " << ref.error.to_string();
     const size_t n = ref.tokens.size();
@@ -125,7 +133,7 @@ class ResumeTest : public ::testing::Test {
       EXPECT_TRUE(st.ok()) << what << " k=" << k << ": " << st.to_string();
       ids.push_back(st.ok() ? id : 0);
     }
-    int held_splits = 0;
+    Splits splits;
     for (size_t k = 0; k < n; ++k) {
       if (ids[k] == 0) continue;
       const Events got = runs_.wait(ids[k]);
@@ -144,9 +152,13 @@ class ResumeTest : public ::testing::Test {
       EXPECT_EQ(got.generated_tokens, ref.generated_tokens) << at;
       EXPECT_EQ(got.prompt_tokens, static_cast<int64_t>(prompt.size())) << at;
       EXPECT_LE(got.cached_prompt_tokens, got.prompt_tokens) << at;
-      if (k > 0 && ref.texts[k - 1].empty()) ++held_splits;
+      if (k > 0 && ref.texts[k - 1].empty()) {
+        ++splits.held;
+        const std::string next = ref.text_from(k);
+        if (!next.empty() && static_cast<unsigned char>(next[0]) >= 0x80) ++splits.utf8;
+      }
     }
-    return held_splits;
+    return splits;
   }
 
   ModelUnderTest m_;
@@ -217,10 +229,29 @@ TEST_F(ResumeTest, StopStringSplitByTheResumePointStillMatches) {
     const Events ref = run(prompt, p);
     ASSERT_TRUE(ref.error.ok()) << ref.error.to_string();
     if (ref.reason == FinishReason::kStop && !ref.stop_string.empty()) ++stopped;
-    held_splits += check_every_resume_point(fmt::format("stop case {}", c), prompt, p, ref);
+    held_splits += check_every_resume_point(fmt::format("stop case {}", c), prompt, p, ref).held;
   }
   EXPECT_GT(stopped, 0) << "no case stopped at its stop string";
   EXPECT_GT(held_splits, 0) << "no resume point fell inside held-back text";
+  expect_all_blocks_back(*engine_);
+}
+
+TEST_F(ResumeTest, AResumePointInsideAMultiByteCharacterLosesNothing) {
+  // Seeded runs at a high temperature draw byte tokens (<0xE2> ...) now and then; their UTF-8
+  // is held back until the character is whole.
+  std::mt19937 rng(13);
+  int utf8_splits = 0;
+  for (int c = 0; c < 12 && utf8_splits == 0; ++c) {
+    const auto prompt = random_prompt(rng, *m_.tok, 512, 4 + c);
+    SamplingParams p;
+    p.temperature = 1.5f;
+    p.seed = 500 + static_cast<uint64_t>(c);
+    p.max_tokens = 40;
+    p.ignore_eos = true;
+    utf8_splits +=
+        check_every_resume_point(fmt::format("utf-8 case {}", c), prompt, p, run(prompt, p)).utf8;
+  }
+  EXPECT_GT(utf8_splits, 0) << "no resume point fell inside a multi-byte character";
   expect_all_blocks_back(*engine_);
 }
 
