@@ -108,19 +108,37 @@ Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {
           prompt[i], i, vocab_));
     }
   }
-  if (static_cast<int64_t>(prompt.size()) > context_) {
-    return OutOfRange(fmt::format("request {}: the prompt has {} tokens, the context holds {}",
-                                  request.id, prompt.size(), context_));
+  const auto& resume = request.resume_tokens;
+  for (size_t i = 0; i < resume.size(); ++i) {
+    if (resume[i] < 0 || resume[i] >= vocab_) {
+      return InvalidArgument(fmt::format(
+          "request {}: resume token {} at index {} is outside the vocabulary [0, {})", request.id,
+          resume[i], i, vocab_));
+    }
+  }
+  // A migrated request's known prefix is its prompt and the tokens it generated elsewhere.
+  const int64_t known = static_cast<int64_t>(prompt.size() + resume.size());
+  if (known > context_) {
+    return OutOfRange(fmt::format(
+        "request {}: the prompt has {} tokens ({} more generated before), the context holds {}",
+        request.id, prompt.size(), resume.size(), context_));
   }
   CLEAVE_RETURN_IF_ERROR(
       request.params.validate(static_cast<int32_t>(vocab_)).with_context(fmt::format("request {}", request.id)));
+  if (const int64_t done = static_cast<int64_t>(resume.size()) + (request.prefilled ? 1 : 0);
+      !resume.empty() && done >= request.params.max_tokens) {
+    return InvalidArgument(fmt::format(
+        "request {}: {} tokens were generated before, max_tokens is {}: nothing is left to "
+        "generate",
+        request.id, done, request.params.max_tokens));
+  }
   const int64_t bs = pool_->layout().block_size;
-  const int64_t need = (static_cast<int64_t>(prompt.size()) + bs - 1) / bs;
+  const int64_t need = (known + bs - 1) / bs;
   if (need > pool_->total_blocks()) {
     return ResourceExhausted(fmt::format(
-        "request {}: the prompt has {} tokens and needs {} KV blocks of {} tokens; the pool has "
-        "{} blocks in all (raise the KV cache size)",
-        request.id, prompt.size(), need, bs, pool_->total_blocks()));
+        "request {}: the prompt has {} tokens ({} more generated before) and needs {} KV blocks "
+        "of {} tokens; the pool has {} blocks in all (raise the KV cache size)",
+        request.id, prompt.size(), resume.size(), need, bs, pool_->total_blocks()));
   }
   if (request.prefilled && (request.first_token < 0 || request.first_token >= vocab_)) {
     return InvalidArgument(fmt::format("request {}: first token {} is outside the vocabulary [0, {})",
@@ -310,13 +328,23 @@ void EngineLoop::admit(EngineRequest&& req, EngineEventCallback&& cb,
                                           eos_ids_, req.prompt.back());
   r->submitted = submitted;
   r->prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  if (!req.resume_tokens.empty()) {
+    // Migrated: its tokens so far replay through the decoder and the stop matcher (their text
+    // was delivered by the worker that generated them) and join the prompt as the scheduler's
+    // known prefix; the split stays here (prompt_tokens) for sampling and usage.
+    for (int32_t t : req.resume_tokens) r->finisher.replay(t);
+    r->resumed = r->generated = static_cast<int64_t>(req.resume_tokens.size());
+    req.prompt.insert(req.prompt.end(), req.resume_tokens.begin(), req.resume_tokens.end());
+    req.resume_tokens.clear();
+  }
   if (req.prefilled) {
     admit_prefilled(std::move(req), std::move(r));
     return;
   }
   r->sink = std::move(req.kv_export);
   const RequestId id = req.id;
-  const bool scores_prompt = r->params.prompt_logprobs >= 0;
+  // A migrated request's prompt logprobs went out with its first token, elsewhere.
+  const bool scores_prompt = r->params.prompt_logprobs >= 0 && r->resumed == 0;
   if (scores_prompt) r->prompt_logprobs.resize(req.prompt.size() - 1);
   const Status added = scheduler_.add(id, std::move(req.prompt), scores_prompt);
   requests_.emplace(id, std::move(r));
@@ -436,9 +464,11 @@ void EngineLoop::step() {
 
 void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::span<float> logits) {
   const SamplingParams& p = r.params;
+  // The request's own split, not the scheduler's: a migrated request's tokens generated
+  // elsewhere are in the scheduler's prompt but are generated tokens for the sampler.
   const std::span<const int32_t> all(seq.tokens);
-  const std::span<const int32_t> prompt = all.first(static_cast<size_t>(seq.prompt_len));
-  const std::span<const int32_t> generated = all.subspan(static_cast<size_t>(seq.prompt_len));
+  const std::span<const int32_t> prompt = all.first(static_cast<size_t>(r.prompt_tokens));
+  const std::span<const int32_t> generated = all.subspan(static_cast<size_t>(r.prompt_tokens));
   const int64_t pos = static_cast<int64_t>(all.size());
 
   EngineEvent ev;
@@ -447,7 +477,7 @@ void EngineLoop::sample_and_stream(RequestState& r, const Sequence& seq, std::sp
   ev.sample = sample_token(logits, p, prompt, generated, static_cast<uint64_t>(pos),
                            r.finisher.suppressed(static_cast<int64_t>(generated.size())));
   ev.token = ev.sample.token;
-  if (r.generated == 0) {  // the first token it samples
+  if (r.generated == r.resumed) {  // the first token it samples
     ev.queue_seconds = r.queue_seconds;
     ev.prompt_logprobs = std::move(r.prompt_logprobs);
     r.prompt_logprobs.clear();
@@ -485,7 +515,8 @@ void EngineLoop::finish(RequestState& r, EngineEvent& ev) {
   ev.id = id;
   ev.finished = true;
   ev.prompt_tokens = r.prompt_tokens;
-  ev.cached_prompt_tokens = std::max<int64_t>(0, r.cached_prompt_tokens);
+  // A migrated request's cache hits may reach into its resumed tokens: only the prompt's count.
+  ev.cached_prompt_tokens = std::clamp<int64_t>(r.cached_prompt_tokens, 0, r.prompt_tokens);
   ev.generated_tokens = r.generated;
   const Sequence* seq = scheduler_.find(id);
   if (seq != nullptr) ev.preemptions = seq->preemptions;

@@ -152,7 +152,7 @@ void EngineLoop::admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestSta
   // Replays the prefill's first token through the decoder and the stop matcher, so that text
   // and stop strings continue exactly where the prefill worker's left off (its text was sent).
   r->finisher.replay(req.first_token);
-  r->generated = 1;
+  r->generated = r->resumed + 1;
   r->cached_prompt_tokens = 0;
   requests_.emplace(id, std::move(r));
   auto res = reservations_.find(id);

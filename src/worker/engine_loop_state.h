@@ -26,6 +26,9 @@ struct EngineLoop::RequestState {
   std::chrono::steady_clock::time_point submitted;  // submit() was called
   double queue_seconds = -1;  // submit() to the first step that computed it (first admission)
   int64_t generated = 0;
+  // Tokens generated before this engine had the request (EngineRequest::resume_tokens); its
+  // prompt is the first prompt_tokens of the sequence, those follow it.
+  int64_t resumed = 0;
   // params.prompt_logprobs >= 0: the logprobs of prompt positions 1..n-1, filled as the prompt
   // is computed and sent (moved out) with the first token.
   std::vector<SampleResult> prompt_logprobs;

@@ -86,6 +86,10 @@ struct DispatcherOptions {
   int64_t queue_limit = 1024;
   // Tries of a request before its first token (each on a worker not tried before).
   int max_attempts = 3;
+  // Migrations of a started stream (tokens already went to the observer) whose worker failed:
+  // each is a new attempt on workers not tried before, resuming from the tokens delivered so far
+  // (dispatcher.h). 0: such a stream ends with an error.
+  int max_migrations = 2;
   DispatchTimeouts timeouts;
   // Lease of a decode reservation (0: the worker's default).
   std::chrono::milliseconds lease{0};
@@ -102,7 +106,8 @@ struct DispatcherOptions {
 
   // When set (not owned; must outlive the dispatcher), the dispatcher registers and updates
   // cleave:kv_transfer_bytes_total, cleave:kv_handoff_tail_seconds (from the prefill workers'
-  // answers), cleave:router_dispatch_retries_total and cleave:router_worker_failures_total.
+  // answers), cleave:router_dispatch_retries_total, cleave:migrations_total{outcome} and
+  // cleave:router_worker_failures_total.
   metrics::MetricsRegistry* metrics = nullptr;
 };
 

@@ -15,9 +15,15 @@
 // exceeds the least loaded one's by more than a bound, then least_loaded). dispatch_policy.h.
 //
 // A request that has produced no token yet is retried on other workers (at most
-// max_attempts, bounded in time); once a token went out, a failure ends it with an error
-// (on_error with started = true). Requests beyond the queue limit are refused with
-// ResourceExhausted (HTTP 429); no ready worker: Unavailable (HTTP 503).
+// max_attempts, bounded in time). Once a token went out, a failure of its worker (UNAVAILABLE,
+// a broken stream, a stream idle timeout; not an error that any worker would repeat, such as
+// INVALID_ARGUMENT) migrates it: a new attempt on workers not tried before, with the prompt and
+// the tokens delivered so far as resume tokens and the same parameters (DESIGN.md §3
+// "Resumable sampling"), at most max_migrations times. The observer sees a pause: no token
+// twice, none missing, the same text as an undisturbed run (greedy or seeded), and the
+// finished event's usage counts the whole request. When no migration is left or no worker can
+// take it, the observer hears on_error with started = true. Requests beyond the queue limit are
+// refused with ResourceExhausted (HTTP 429); no ready worker: Unavailable (HTTP 503).
 //
 // Threading: submit() never blocks on I/O. The RPCs run on gRPC's callback API (no thread is
 // held per request); RequestObserver callbacks run on gRPC threads, one at a time per request,
@@ -71,7 +77,8 @@ class RequestObserver {
   // The request failed; `started` says whether any event was delivered before. Nothing follows.
   virtual void on_error(const Status& error, bool started) = 0;
   // Disaggregated: the prefill has answered; called once, just before its first token goes to
-  // on_event (not for an attempt that failed, nor in unified mode). Default: ignored.
+  // on_event (not for an attempt that failed, nor for a migration's prefill, nor in unified
+  // mode). Default: ignored.
   virtual void on_prefilled(const PrefillFigures& figures) { (void)figures; }
 };
 

@@ -18,6 +18,9 @@ struct RouterSettings {
   int64_t max_queue = 1024;      // requests admitted and unfinished; beyond: HTTP 429
   // Longest a request waits for its first token (queueing, prefill and KV transfer included).
   int64_t request_timeout_ms = 120000;
+  // Times a started stream whose worker fails moves to other workers, resuming from the tokens
+  // it delivered (the client sees a pause); 0: it ends with an error event.
+  int64_t max_migrations = 2;
   int64_t io_threads = 1;                    // HTTP I/O threads
   std::string mode = "disaggregated";        // unified | disaggregated
   std::string policy_prefill = "prefix_aware";  // round_robin | least_loaded | prefix_aware

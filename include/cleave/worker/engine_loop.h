@@ -100,6 +100,15 @@ struct EngineRequest {
   // min_tokens, penalties and stop handling.
   bool prefilled = false;
   int32_t first_token = 0;
+  // A request migrated from another worker (DESIGN.md §3 "Resumable sampling"): the tokens it
+  // had generated there and delivered, in order. The engine computes prompt + resume_tokens as
+  // the known prefix (chunked like a prompt; a kv_export request exports all of it and a
+  // prefilled request's reservation covers all of it) and samples on from the next position.
+  // They count as generated for max_tokens, min_tokens, penalties and usage, and they run
+  // through the stop handling without their text being sent again, so that the text and stop
+  // strings go on exactly where the other worker's left off. Prefilled: first_token follows
+  // them. Their count must stay below max_tokens (one less when prefilled).
+  std::vector<int32_t> resume_tokens;
 };
 
 struct EngineEvent {

@@ -26,6 +26,11 @@ void register_router_settings(RouterSettings& rs, SettingsRegistry& r) {
   r.add_int("router.request_timeout_ms", &rs.request_timeout_ms,
             "Longest a request waits for its first token (queueing, prefill, KV transfer).", 1,
             86400000);
+  r.add_int("router.max_migrations", &rs.max_migrations,
+            "Times a started stream whose worker fails (dies, breaks the stream, goes silent) "
+            "moves to other workers, resuming from the tokens it sent (the client sees a pause, "
+            "not an error); 0: such a stream ends with an error event.",
+            0, 100, "--max-migrations");
   r.add_int("router.io_threads", &rs.io_threads, "HTTP I/O threads of the router.", 1, 256);
   r.add_enum("router.mode", &rs.mode, {"unified", "disaggregated"},
              "Pools: unified workers only, or a prefill pool and a decode pool.", "--mode");

@@ -62,6 +62,16 @@ DispatchCore::DispatchCore(const DispatcherOptions& opts)
       f.ok()) {
     retries = &f->get();
   }
+  if (auto f = r.counter("cleave:migrations_total",
+                         "Started streams whose worker failed, by outcome: resumed (an attempt "
+                         "on other workers began from the tokens delivered so far), completed "
+                         "(a migrated request finished), refused (ended with an error instead)",
+                         {"outcome"});
+      f.ok()) {
+    migrations_resumed = &f->with({"resumed"});
+    migrations_completed = &f->with({"completed"});
+    migrations_refused = &f->with({"refused"});
+  }
   if (auto f = r.counter("cleave:router_worker_failures_total",
                          "RPCs to workers that failed UNAVAILABLE (the worker left its pool)");
       f.ok()) {
@@ -110,6 +120,8 @@ void DispatchCall::begin_attempt(Assignment workers) {
     ++attempt_;
     id_ = attempt_ == 1 && first_id_ ? *first_id_ : core_->next_request_id();
     workers_ = std::move(workers);
+    resume_ = delivered_tokens_;
+    attempt_streamed_.store(false, std::memory_order_relaxed);
   }
   if (workers_.unified) {
     hold(workers_.unified);
@@ -135,22 +147,52 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
     std::lock_guard<std::mutex> lock(mu_);
     excluded_.push_back(worker->key);
   }
-  if (retryable(error.code()) && attempt_ < core_->options.max_attempts &&
-      !core_->stopping.load()) {
-    auto next = core_->pools.choose(prompt_, excluded_);
-    if (next.ok()) {
-      log::info("dispatch: request attempt {} failed before its first token ({}); retrying on {}",
-                attempt_, error.to_string(),
-                next->unified ? next->unified->address
-                              : fmt::format("{} + {}", next->prefill->address, next->decode->address));
-      if (core_->retries) core_->retries->inc();
-      begin_attempt(std::move(*next));
-      return;
-    }
-    error = Status(error.code(), fmt::format("{} (not retried: {})", error.message(),
-                                             next.status().message()));
+  const bool started = started_.load(std::memory_order_acquire);
+  Result<Assignment> next = next_attempt(error);
+  if (!next.ok()) {
+    if (started && core_->migrations_refused) core_->migrations_refused->inc();
+    fail(next.status());
+    return;
   }
-  fail(std::move(error));
+  const std::string where =
+      next->unified ? next->unified->address
+                    : fmt::format("{} + {}", next->prefill->address, next->decode->address);
+  if (started) {
+    ++migrations_;
+    log::info("dispatch: request attempt {} failed after {} tokens ({}); migrating to {} "
+              "(migration {} of {})",
+              attempt_, delivered_tokens_.size(), error.to_string(), where, migrations_,
+              core_->options.max_migrations);
+    if (core_->migrations_resumed) core_->migrations_resumed->inc();
+  } else {
+    log::info("dispatch: request attempt {} failed before its first token ({}); retrying on {}",
+              attempt_, error.to_string(), where);
+    if (core_->retries) core_->retries->inc();
+  }
+  begin_attempt(std::move(*next));
+}
+
+Result<Assignment> DispatchCall::next_attempt(const Status& error) {
+  const bool started = started_.load(std::memory_order_acquire);
+  std::string why;  // a started stream's error says why it was not migrated
+  if (!retryable(error.code())) {
+    why = "another worker would answer the same";
+  } else if (core_->stopping.load()) {
+    why = "the router is shutting down";
+  } else if (!started && attempt_ >= core_->options.max_attempts) {
+    return error;
+  } else if (started && migrations_ >= core_->options.max_migrations) {
+    why = fmt::format("{} migrations made, router.max_migrations is {}", migrations_,
+                      core_->options.max_migrations);
+  } else {
+    auto next = core_->pools.choose(prompt_, excluded_);
+    if (next.ok()) return next;
+    return Status(error.code(), fmt::format("{} (not {}: {})", error.message(),
+                                            started ? "migrated" : "retried",
+                                            next.status().message()));
+  }
+  if (!started) return error;
+  return Status(error.code(), fmt::format("{} (not migrated: {})", error.message(), why));
 }
 
 void DispatchCall::fail(Status error) {
@@ -273,9 +315,14 @@ bool DispatchCall::deliver(const v1::TokenEvent& event) {
   {
     std::lock_guard<std::mutex> lock(deliver_mu_);
     if (cancelled() || delivered_terminal_ || !observer_) return false;
+    // Counted before the observer hears of the end, so that it sees the count.
+    if (event.finished() && migrations_ > 0 && core_->migrations_completed) {
+      core_->migrations_completed->inc();
+    }
     delivering_.store(std::this_thread::get_id(), std::memory_order_release);
     observer_->on_event(event);
     delivering_.store(std::thread::id{}, std::memory_order_release);
+    if (event.has_token()) delivered_tokens_.push_back(event.token());
     started_.store(true, std::memory_order_release);
     if (event.finished() && !cancelled()) delivered_terminal_ = true;
     stop_now = cancel_deferred_.exchange(false);
@@ -318,7 +365,7 @@ void DispatchCall::check_deadline(std::chrono::steady_clock::time_point now) {
         stage_ == Stage::kGenerate && workers_.unified ? workers_.unified->address
         : workers_.decode                              ? workers_.decode->address
                                                        : std::string("?");
-    if (stage_ == Stage::kGenerate && !started_.load()) {
+    if (stage_ == Stage::kGenerate && !attempt_streamed_.load(std::memory_order_relaxed)) {
       timeout_reason_ = fmt::format("worker {}: Generate: no first token within {} ms", worker,
                                     t.first_token.count());
     } else {

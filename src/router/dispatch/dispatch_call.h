@@ -10,8 +10,11 @@
 //                                                           deadline: stream_idle per event
 // A prefill that fails or finishes the request releases the reservation. A failure before any
 // event went to the observer is retried on workers not tried yet (max_attempts in all); after
-// one, the observer hears on_error(started = true). Every failure and every cancellation sends
-// Abort (or Release) to the workers concerned so that their blocks come back.
+// one, it is migrated (max_migrations in all): a new attempt on workers not tried yet whose
+// requests carry the tokens delivered so far as resume tokens, so that its first event is the
+// next token; when none is left, the observer hears on_error(started = true). Every failure and
+// every cancellation sends Abort (or Release) to the workers concerned so that their blocks
+// come back.
 //
 // Locks: `mu_` guards the stage state; `deliver_mu_` is held while an observer callback runs.
 // Neither is held while an RPC is started or cancelled, since gRPC may run a completion inline
@@ -65,6 +68,12 @@ struct DispatchCore {
   metrics::Histogram* kv_transfer_seconds = nullptr;
   metrics::Counter* retries = nullptr;
   metrics::Counter* worker_failures = nullptr;
+  // cleave:migrations_total{outcome}: resumed (a migration's attempt began), completed (a
+  // migrated request finished), refused (a started stream's failure not migrated: none left,
+  // no worker, or an error every worker would repeat).
+  metrics::Counter* migrations_resumed = nullptr;
+  metrics::Counter* migrations_completed = nullptr;
+  metrics::Counter* migrations_refused = nullptr;
 
  private:
   std::mutex calls_mu_;
@@ -95,7 +104,11 @@ class DispatchCall final : public DispatchHandle,
 
   // ---- attempts (dispatch_call.cpp) ----
   void begin_attempt(Assignment workers);
+  // The attempt failed at `worker`: a retry before the first token, a migration after it, or
+  // the end of the request.
   void attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker, Status error);
+  // The next attempt's workers, or why there is none (the error to end with).
+  Result<Assignment> next_attempt(const Status& error);
   void fail(Status error);
   // The request is over (success, failure or cancellation): counters, registry, observer.
   void end();
@@ -119,6 +132,11 @@ class DispatchCall final : public DispatchHandle,
   void deliver_prefilled(const PrefillFigures& figures);
 
   // ---- RPC stages (dispatch_stages.cpp) ----
+  // The current attempt's resume tokens into a request's repeated field.
+  template <typename Field>
+  void set_resume(Field* field) const {
+    field->Assign(resume_.begin(), resume_.end());
+  }
   void start_reserve();
   void start_prefill(v1::KvDestination destination);
   void start_decode(int32_t first_token);
@@ -139,6 +157,9 @@ class DispatchCall final : public DispatchHandle,
   std::shared_ptr<RequestObserver> observer_;     // reset when the request ends
   std::atomic<std::thread::id> delivering_{};     // thread inside an observer callback
   bool delivered_terminal_ = false;               // under deliver_mu_
+  // The tokens of the events delivered, in order: a migration's resume tokens. Written by
+  // deliver() and read by begin_attempt(), both on the request's own flow (one step at a time).
+  std::vector<int32_t> delivered_tokens_;
   std::atomic<bool> started_{false};              // an event went to the observer
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> cancel_deferred_{false};      // cancel() from inside a callback
@@ -148,7 +169,10 @@ class DispatchCall final : public DispatchHandle,
   std::mutex mu_;
   Stage stage_ = Stage::kIdle;
   int attempt_ = 0;
+  int migrations_ = 0;  // attempts begun after the first token went out
   uint64_t id_ = 0;  // the worker-side request id of the current attempt
+  std::vector<int32_t> resume_;  // the current attempt's resume tokens (delivered before it)
+  std::atomic<bool> attempt_streamed_{false};  // the current attempt's stream sent an event
   Assignment workers_;
   bool held_[3] = {false, false, false};  // unified, prefill, decode: inflight counted
   std::vector<uint64_t> excluded_;        // workers that failed this request

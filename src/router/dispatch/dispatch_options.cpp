@@ -98,6 +98,10 @@ Status validate_dispatcher_options(const DispatcherOptions& o) {
   if (o.max_attempts < 1) {
     return InvalidArgument(fmt::format("max_attempts must be >= 1 (got {})", o.max_attempts));
   }
+  if (o.max_migrations < 0) {
+    return InvalidArgument(
+        fmt::format("max_migrations must be >= 0 (got {})", o.max_migrations));
+  }
   if (o.prefix_block_size < 0) {
     return InvalidArgument("prefix_block_size must be >= 0 (0: the workers' KV block size)");
   }

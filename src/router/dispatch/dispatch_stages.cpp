@@ -80,7 +80,8 @@ void DispatchCall::start_reserve() {
   const auto& t = core_->options.timeouts;
   auto op = unary_op<v1::ReserveRequest, v1::KvDestination>(t.reserve);
   op->request.set_request_id(id_);
-  op->request.set_num_prompt_tokens(static_cast<int64_t>(prompt_.size()));
+  // A migration's prefill writes the KV of its resume tokens too.
+  op->request.set_num_prompt_tokens(static_cast<int64_t>(prompt_.size() + resume_.size()));
   op->request.set_lease_ms(core_->options.lease.count());
   if (!arm(context_of(op), Stage::kReserve, std::chrono::milliseconds{0})) {
     end();
@@ -110,6 +111,7 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
   auto op = unary_op<v1::PrefillRequest, v1::PrefillResponse>(t.prefill);
   op->request.set_request_id(id_);
   op->request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
+  set_resume(op->request.mutable_resume_tokens());
   *op->request.mutable_params() = params_;
   *op->request.mutable_destination() = std::move(destination);
   if (!arm(context_of(op), Stage::kPrefill, std::chrono::milliseconds{0})) {
@@ -155,11 +157,17 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
         if (self->core_->kv_transfer_seconds && r.kv_bytes() > 0) {
           self->core_->kv_transfer_seconds->observe(r.kv_transfer_seconds());
         }
-        const v1::TokenEvent& first = r.first();
-        self->cached_prompt_tokens_ = first.usage().cached_prompt_tokens();
-        self->deliver_prefilled(PrefillFigures{.kv_bytes = r.kv_bytes(),
-                                               .kv_tail_seconds = r.kv_tail_seconds(),
-                                               .kv_transfer_seconds = r.kv_transfer_seconds()});
+        v1::TokenEvent& first = *r.mutable_first();
+        if (!self->started_.load(std::memory_order_acquire)) {
+          self->cached_prompt_tokens_ = first.usage().cached_prompt_tokens();
+          self->deliver_prefilled(PrefillFigures{.kv_bytes = r.kv_bytes(),
+                                                 .kv_tail_seconds = r.kv_tail_seconds(),
+                                                 .kv_transfer_seconds = r.kv_transfer_seconds()});
+        } else if (first.finished() && first.has_usage()) {
+          // A migration's prefill is not news to the observer; the usage keeps the request's
+          // own prefill's cache hits.
+          first.mutable_usage()->set_cached_prompt_tokens(self->cached_prompt_tokens_);
+        }
         const bool delivered = self->deliver(first);
         if (first.finished()) {
           // Nothing was written for the decode side: its blocks go back at once.
@@ -181,6 +189,7 @@ void DispatchCall::start_decode(int32_t first_token) {
   auto* s = new TokenStream(shared_from_this(), workers_.decode, "Decode", id_);
   s->decode_request.set_request_id(id_);
   s->decode_request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
+  set_resume(s->decode_request.mutable_resume_tokens());
   *s->decode_request.mutable_params() = params_;
   s->decode_request.set_first_token(first_token);
   if (!arm(s->ctx, Stage::kDecode, t.stream_idle)) {
@@ -199,6 +208,7 @@ void DispatchCall::start_generate() {
   auto* s = new TokenStream(shared_from_this(), workers_.unified, "Generate", id_);
   s->generate_request.set_request_id(id_);
   s->generate_request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
+  set_resume(s->generate_request.mutable_resume_tokens());
   *s->generate_request.mutable_params() = params_;
   if (!arm(s->ctx, Stage::kGenerate, t.first_token)) {
     delete s;
@@ -219,6 +229,7 @@ void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
   while (cur != 0 &&
          !watch_deadline_ns_.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
   }
+  attempt_streamed_.store(true, std::memory_order_relaxed);
   if (stream.worker->role == PoolRole::kDecode && event.finished() && event.has_usage()) {
     // The usage of the whole request: the prompt tokens the prefill found in its cache.
     event.mutable_usage()->set_cached_prompt_tokens(cached_prompt_tokens_);
@@ -250,14 +261,7 @@ void DispatchCall::on_stream_done(TokenStream& stream, const grpc::Status& statu
                                   : rpc_error(*stream.worker, stream.rpc, status);
   // The worker may still be running it (a timeout, a broken stream): make sure it stops.
   abort_on(stream.worker, stream.id);
-  if (started_.load(std::memory_order_acquire)) {
-    if (error.code() == StatusCode::kUnavailable) {
-      core_->pools.mark_failed(stream.worker, error);
-      if (core_->worker_failures) core_->worker_failures->inc();
-    }
-    fail(std::move(error));
-    return;
-  }
+  // Before the first token: a retry; after it: a migration from the tokens delivered so far.
   attempt_failed(stream.worker, std::move(error));
 }
 

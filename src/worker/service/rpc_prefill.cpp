@@ -104,7 +104,8 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     auto sender = KvSender::create(*core_.transfer, *peer, core_.kv_region,
                                    core_.engine->kv_layout(), core_.model_fingerprint,
                                    std::move(*dest),
-                                   static_cast<int64_t>(req_.prompt_tokens_size()));
+                                   static_cast<int64_t>(req_.prompt_tokens_size() +
+                                                        req_.resume_tokens_size()));
     if (!sender.ok()) return sender.status().with_context(fmt::format("request {}", id_));
     kv_ = std::move(*sender);
     return Status::Ok();
@@ -117,6 +118,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     r.id = id_;
     r.prompt.assign(req_.prompt_tokens().begin(), req_.prompt_tokens().end());
     r.params = req_.has_params() ? from_proto(req_.params()) : SamplingParams{};
+    r.resume_tokens.assign(req_.resume_tokens().begin(), req_.resume_tokens().end());
     r.kv_export = kv_;
     auto self = shared_from_this();
     const Status st = core_.engine->submit(std::move(r), [self](const EngineEvent& ev) {

@@ -298,11 +298,12 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     r.params = decode_.has_params() ? from_proto(decode_.params()) : SamplingParams{};
     r.prefilled = true;
     r.first_token = decode_.first_token();
-    if (static_cast<int64_t>(r.prompt.size()) != taken->num_tokens) {
+    r.resume_tokens.assign(decode_.resume_tokens().begin(), decode_.resume_tokens().end());
+    if (static_cast<int64_t>(r.prompt.size() + r.resume_tokens.size()) != taken->num_tokens) {
       (void)core_.engine->release_reservation(id_);
-      finish_now(InvalidArgument(
-          fmt::format("request {}: the prompt has {} tokens but {} were reserved", id_,
-                      r.prompt.size(), taken->num_tokens)));
+      finish_now(InvalidArgument(fmt::format(
+          "request {}: the prompt has {} tokens ({} resumed) but {} were reserved", id_,
+          r.prompt.size() + r.resume_tokens.size(), r.resume_tokens.size(), taken->num_tokens)));
       return false;
     }
     if (!submit(std::move(r))) {
@@ -449,6 +450,7 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
     r.id = req->request_id();
     r.prompt.assign(req->prompt_tokens().begin(), req->prompt_tokens().end());
     r.params = req->has_params() ? from_proto(req->params()) : SamplingParams{};
+    r.resume_tokens.assign(req->resume_tokens().begin(), req->resume_tokens().end());
     (void)call->submit(std::move(r));
   });
   return call.get();

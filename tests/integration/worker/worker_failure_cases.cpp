@@ -2,9 +2,13 @@
 // Workers killed with SIGKILL in the middle of a KV transfer, over tcp;ofi_rxm and over shm:
 //  - the prefill worker: the decode worker frees the reservation within its lease;
 //  - the decode worker: the prefill fails within the transfer engine's bound and frees its
-//    blocks.
+//    blocks;
+//  - the decode worker in the middle of a stream (SIGKILL, or SIGSTOP: silent past the stream
+//    idle deadline): the router migrates the stream to the other decode worker and it
+//    completes with the undisturbed run's text.
 // Neither hangs, each survivor serves on with a fresh peer, and its pool drains.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <filesystem>
@@ -12,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "cleave/common/metrics.h"
 #include "cleave/model/synth.h"
 #include "cleave/worker/proto_convert.h"
 #include "cleave/worker/worker_client.h"
@@ -211,6 +216,156 @@ TEST_P(WorkerFailureTest, DecodeKilledMidTransferPrefillFailsFastAndFreesItsBloc
   EXPECT_TRUE(drains(*prefill, 10s));
   EXPECT_TRUE(drains(*decode2, 10s));
 }
+// (e) SIGKILL of the decode worker while it streams a request: the router sends the prompt and
+// the tokens delivered so far to a new prefill + decode on the other decode worker, and the
+// client gets exactly the text of an undisturbed run, greedy and seeded, with the usage of the
+// whole request.
+TEST_P(WorkerFailureTest, DecodeKilledMidStreamTheStreamCompletesWithTheReferenceText) {
+  auto procs = start_workers({{"prefill", synth_path()}, {"decode", synth_path()},
+                              {"decode", synth_path()}});
+  for (const auto& p : procs) ASSERT_TRUE(p);
+  auto prefill = connect(*procs[0]);
+  std::vector<std::unique_ptr<WorkerClient>> decoders;
+  for (size_t i = 1; i < procs.size(); ++i) decoders.push_back(connect(*procs[i]));
+  ASSERT_TRUE(prefill && decoders[0] && decoders[1]);
+  metrics::MetricsRegistry registry;
+  router::DispatcherOptions o = pair_options(*procs[0], *procs[1]);
+  o.decode.workers = {procs[1]->address(), procs[2]->address()};
+  o.metrics = &registry;
+  auto dispatcher = ready_dispatcher(o);
+  ASSERT_TRUE(dispatcher);
+
+  std::mt19937 rng(5);
+  std::vector<int32_t> prompt = random_tokens(rng, 1024, -1, -1, 60);
+  prompt[0] = 1000;
+  SamplingParams seeded = greedy(500, 77, true);
+  seeded.temperature = 0.8f;
+  seeded.top_p = 0.9f;
+  seeded.frequency_penalty = 0.2f;
+  int killed = 0;
+  for (const SamplingParams& params : {greedy(500, 0, true), seeded}) {
+    const std::string what = params.temperature == 0 ? "greedy" : "seeded";
+    Collected reference;
+    auto ref = router::run_request(*dispatcher, {prompt, params}, collect_into(reference));
+    ASSERT_TRUE(ref.ok()) << what << ": " << ref.status().to_string();
+    ASSERT_EQ(reference.tokens.size(), 500u) << what;
+    for (auto& d : decoders) ASSERT_TRUE(drains(*d, 10s)) << what;  // its stats are current
+
+    Collected c;
+    auto running = std::async(std::launch::async, [&] {
+      return router::run_request(*dispatcher, {prompt, params}, collect_into(c));
+    });
+    // The victim: the decode worker seen running it, killed a little later (mid-stream).
+    int victim = -1;
+    const auto deadline = Clock::now() + 30s;
+    while (victim < 0 && Clock::now() < deadline &&
+           running.wait_for(0ms) != std::future_status::ready) {
+      for (size_t i = 0; i < decoders.size(); ++i) {
+        if (!procs[i + 1]) continue;
+        auto l = decoders[i]->load();
+        if (l.ok() && l->running() >= 1) victim = static_cast<int>(i);
+      }
+      std::this_thread::sleep_for(2ms);
+    }
+    ASSERT_GE(victim, 0) << what << ": no decode worker was seen running the request";
+    std::this_thread::sleep_for(50ms);
+    ASSERT_NE(running.wait_for(0ms), std::future_status::ready)
+        << what << ": the request ended before the kill";
+    procs[static_cast<size_t>(victim) + 1]->kill_now();
+    procs[static_cast<size_t>(victim) + 1].reset();
+    ++killed;
+    ASSERT_EQ(running.wait_for(60s), std::future_status::ready) << what << ": the stream hangs";
+    auto out = running.get();
+    ASSERT_TRUE(out.ok()) << what << ": " << out.status().to_string();
+    EXPECT_EQ(c.tokens, reference.tokens) << what;
+    EXPECT_EQ(c.text, reference.text) << what;
+    EXPECT_EQ(c.finished_events, 1) << what;
+    EXPECT_EQ(c.finish_reason, reference.finish_reason) << what;
+    EXPECT_EQ(c.usage.completion_tokens(), 500) << what;
+    EXPECT_EQ(c.usage.prompt_tokens(), static_cast<int64_t>(prompt.size())) << what;
+    EXPECT_EQ(metric_sum(registry.render(), "cleave:migrations_total{outcome=\"resumed\"}"),
+              killed)
+        << what;
+    // The second run needs a second decode worker: start one in the victim's place.
+    if (killed == 1) {
+      procs[static_cast<size_t>(victim) + 1] = start_worker("decode", synth_path());
+      ASSERT_TRUE(procs[static_cast<size_t>(victim) + 1]);
+      decoders[static_cast<size_t>(victim)] = connect(*procs[static_cast<size_t>(victim) + 1]);
+      ASSERT_TRUE(decoders[static_cast<size_t>(victim)]);
+      o.decode.workers = {procs[1]->address(), procs[2]->address()};
+      dispatcher.reset();
+      dispatcher = ready_dispatcher(o);
+      ASSERT_TRUE(dispatcher);
+    }
+  }
+  EXPECT_TRUE(drains(*prefill, 10s));
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    if (procs[i + 1]) EXPECT_TRUE(drains(*decoders[i], 10s));
+  }
+}
+
+// (f) The decode worker goes silent mid-stream (SIGSTOP): the router's stream idle deadline
+// ends that attempt and the stream is migrated to the other decode worker, with the reference
+// text. Resumed (SIGCONT), the silent worker finds its stream cancelled and frees its blocks.
+TEST_P(WorkerFailureTest, DecodeSilentMidStreamTheStreamMovesOnAtTheIdleDeadline) {
+  auto procs = start_workers({{"prefill", synth_path()}, {"decode", synth_path()},
+                              {"decode", synth_path()}});
+  for (const auto& p : procs) ASSERT_TRUE(p);
+  auto prefill = connect(*procs[0]);
+  auto d0 = connect(*procs[1]);
+  auto d1 = connect(*procs[2]);
+  ASSERT_TRUE(prefill && d0 && d1);
+  metrics::MetricsRegistry registry;
+  router::DispatcherOptions o = pair_options(*procs[0], *procs[1]);
+  o.decode.workers = {procs[1]->address(), procs[2]->address()};
+  o.timeouts.stream_idle = 1500ms;
+  o.metrics = &registry;
+  auto dispatcher = ready_dispatcher(o);
+  ASSERT_TRUE(dispatcher);
+  std::mt19937 rng(6);
+  std::vector<int32_t> prompt = random_tokens(rng, 1024, -1, -1, 30);
+  prompt[0] = 1000;
+  const SamplingParams params = greedy(400, 0, true);
+  Collected reference;
+  ASSERT_TRUE(router::run_request(*dispatcher, {prompt, params}, collect_into(reference)).ok());
+  ASSERT_EQ(reference.tokens.size(), 400u);
+  ASSERT_TRUE(drains(*d0, 10s) && drains(*d1, 10s));
+
+  Collected c;
+  auto running = std::async(std::launch::async, [&] {
+    return router::run_request(*dispatcher, {prompt, params}, collect_into(c));
+  });
+  WorkerClient* decoders[] = {d0.get(), d1.get()};
+  int victim = -1;
+  const auto deadline = Clock::now() + 30s;
+  while (victim < 0 && Clock::now() < deadline &&
+         running.wait_for(0ms) != std::future_status::ready) {
+    for (int i = 0; i < 2; ++i) {
+      auto l = decoders[i]->load();
+      if (l.ok() && l->running() >= 1) victim = i;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_GE(victim, 0) << "no decode worker was seen running the request";
+  std::this_thread::sleep_for(50ms);
+  ASSERT_NE(running.wait_for(0ms), std::future_status::ready) << "it ended before the stop";
+  const pid_t pid = procs[static_cast<size_t>(victim) + 1]->pid();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  const auto outcome = running.wait_for(60s);
+  ASSERT_EQ(::kill(pid, SIGCONT), 0);
+  ASSERT_EQ(outcome, std::future_status::ready) << "the stream hangs";
+  auto out = running.get();
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  EXPECT_EQ(c.tokens, reference.tokens);
+  EXPECT_EQ(c.text, reference.text);
+  EXPECT_EQ(c.finished_events, 1);
+  EXPECT_EQ(c.usage.completion_tokens(), 400);
+  EXPECT_EQ(metric_sum(registry.render(), "cleave:migrations_total{outcome=\"resumed\"}"), 1);
+  EXPECT_TRUE(drains(*prefill, 10s));
+  EXPECT_TRUE(drains(*d0, 20s));
+  EXPECT_TRUE(drains(*d1, 20s));
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, WorkerFailureTest, ::testing::Values("tcp;ofi_rxm", "shm"),
                          provider_name);
 

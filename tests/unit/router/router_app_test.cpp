@@ -56,6 +56,9 @@ pools:
   ASSERT_TRUE(s.registry.set("router.dns_refresh_ms", "500", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.health_timeout_ms", "2500", "flag").ok());
   ASSERT_TRUE(s.registry.set("router.health_failures", "5", "flag").ok());
+  EXPECT_EQ(s.config.router.max_migrations, 2);
+  ASSERT_TRUE(s.registry.set("router.max_migrations", "0", "flag").ok());
+  EXPECT_FALSE(s.registry.set("router.max_migrations", "-1", "flag").ok());
   auto o = dispatcher_options_from_config(s.config.router, s.config.pools);
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->mode, DispatchMode::kDisaggregated);
@@ -70,6 +73,7 @@ pools:
   EXPECT_EQ(o->health_interval.count(), 250);
   EXPECT_EQ(o->timeouts.probe.count(), 2500);
   EXPECT_EQ(o->probe_failures, 5);
+  EXPECT_EQ(o->max_migrations, 0);
   EXPECT_EQ(o->timeouts.first_token.count(), 1234);
   EXPECT_EQ(o->timeouts.prefill.count(), 1234);
 }
