@@ -99,10 +99,11 @@ Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s);
 
 // The gRPC service. Every handler checks the role first. The streaming RPCs (Decode, Generate)
-// run on the callback API (token_stream.h), so that no thread is held per stream; the unary
-// ones on the synchronous API.
-using WorkerServiceBase = v1::Worker::WithCallbackMethod_Decode<
-    v1::Worker::WithCallbackMethod_Generate<v1::Worker::Service>>;
+// run on the callback API (token_stream.h), so that no thread is held per stream, and so does
+// Reserve, which the engine answers on its thread; the other unary ones on the synchronous API.
+using WorkerServiceBase = v1::Worker::WithCallbackMethod_Reserve<
+    v1::Worker::WithCallbackMethod_Decode<
+        v1::Worker::WithCallbackMethod_Generate<v1::Worker::Service>>>;
 
 class WorkerRpcs final : public WorkerServiceBase {
  public:
@@ -114,8 +115,9 @@ class WorkerRpcs final : public WorkerServiceBase {
                        v1::LoadReport* out) override;
   grpc::Status GetMetrics(grpc::ServerContext* ctx, const v1::GetMetricsRequest* req,
                           v1::MetricsText* out) override;
-  grpc::Status Reserve(grpc::ServerContext* ctx, const v1::ReserveRequest* req,
-                       v1::KvDestination* out) override;
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx,
+                                    const v1::ReserveRequest* req,
+                                    v1::KvDestination* out) override;
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse* out) override;
   grpc::Status Prefill(grpc::ServerContext* ctx, const v1::PrefillRequest* req,
