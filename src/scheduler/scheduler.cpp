@@ -175,8 +175,9 @@ bool Scheduler::try_admit(Sequence& seq, int64_t budget, StepPlan& plan) {
   return true;
 }
 
-void Scheduler::schedule(StepPlan& plan) {
+void Scheduler::schedule(StepPlan& plan, int64_t blocks_coming_back) {
   plan.clear();
+  const bool held_elsewhere = blocks_coming_back > 0;
   int64_t budget = opts_.max_tokens_per_step;
   bool preempted_any = false;
   size_t i = 0;
@@ -198,8 +199,14 @@ void Scheduler::schedule(StepPlan& plan) {
       fits = grow(seq, end);
     }
     if (!fits) {
-      if (i == 0) {
-        // Alone, with every other running sequence preempted: it can never fit.
+      if (i == 0 && held_elsewhere && blocks_for(end) <= pool_.total_blocks()) {
+        // Alone, with every other running sequence preempted, but blocks held outside come
+        // back: it keeps what it has and waits for them, and nothing is admitted meanwhile.
+        plan.blocked = true;
+        preempted_any = true;
+      } else if (i == 0) {
+        // Alone, with every other running sequence preempted and nothing held elsewhere (or
+        // more blocks than the pool has): it can never fit.
         plan.failed.push_back(FailedSequence{seq.id, static_cast<int64_t>(seq.tokens.size()),
                                              blocks_for(end)});
         ++counters_.failed;
@@ -223,10 +230,14 @@ void Scheduler::schedule(StepPlan& plan) {
       Sequence& seq = *waiting_.front();
       if (!try_admit(seq, budget, plan)) {
         if (!running_.empty()) break;  // waits for blocks to come back
-        // Nothing holds a block, and its next chunk still does not fit: it never will.
         const int64_t total = static_cast<int64_t>(seq.tokens.size());
-        plan.failed.push_back(FailedSequence{
-            seq.id, total, blocks_for(std::min(total, seq.num_computed_tokens + budget))});
+        const int64_t chunk_blocks = blocks_for(std::min(total, budget));  // with no cache hit
+        if (held_elsewhere && chunk_blocks <= pool_.total_blocks()) {
+          plan.blocked = true;  // fits once reservations and pins are back
+          break;
+        }
+        // Nothing holds a block, and its next chunk still does not fit: it never will.
+        plan.failed.push_back(FailedSequence{seq.id, total, chunk_blocks});
         ++counters_.failed;
         remove(seq);
         continue;

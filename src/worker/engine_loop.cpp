@@ -69,7 +69,8 @@ EngineLoop::EngineLoop(std::unique_ptr<LlamaModel> model,
       tokenizer_(std::move(tokenizer)),
       pool_(std::move(pool)),
       opts_(opts),
-      scheduler_(*pool_, opts.scheduler),
+      ledger_(*pool_, opts.scheduler),
+      scheduler_(ledger_.scheduler()),
       vocab_(model_->config().vocab_size),
       context_(model_->max_context()),
       eos_ids_(TokenFinisher::end_of_generation_ids(*tokenizer_, vocab_)) {
@@ -91,9 +92,7 @@ void EngineLoop::shutdown() {
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   // The engine thread is gone: the reservations still held end here, fenced like the others.
-  for (auto& [id, res] : reservations_) {
-    if (res.on_end) std::exchange(res.on_end, nullptr)();
-  }
+  ledger_.end_all();
 }
 
 Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {
@@ -155,7 +154,7 @@ Status EngineLoop::submit(EngineRequest request, EngineEventCallback on_event) {
       return AlreadyExists(fmt::format("request id {} is already in flight", request.id));
     }
     if (request.prefilled) {
-      if (reserved_ids_.erase(request.id) == 0) {
+      if (reserved_ids_.erase(request.id) == 0) {  // consumed: no release or expiry takes it now
         return FailedPrecondition(fmt::format(
             "request {}: no KV reservation under this id (never made, released, or its lease "
             "ended)",
@@ -213,11 +212,12 @@ void EngineLoop::publish_stats() {
     published_.blocks_used = pool_->used_blocks();
     published_.scheduler = scheduler_.counters();
     published_.evictions = pool_->evictions();
-    published_.reservations = static_cast<int64_t>(reservations_.size());
-    published_.blocks_reserved = blocks_reserved_;
-    published_.blocks_pinned = blocks_pinned_;
-    if (idle && incoming_.empty() && reserves_.empty() && reservations_.empty() && pinned_.empty())
-      idle_ = true;
+    published_.reservations = ledger_.num_reservations();
+    published_.blocks_reserved = ledger_.blocks_reserved();
+    published_.blocks_pinned = ledger_.blocks_pinned();
+    published_.leases_expired = ledger_.counters().leases_expired;
+    published_.reservations_released = ledger_.counters().reservations_released;
+    if (idle && ledger_.idle() && incoming_.empty() && reserves_.empty()) idle_ = true;
   }
   idle_cv_.notify_all();
 }
@@ -253,16 +253,17 @@ void EngineLoop::run() {
     bool stopping = false;
     {
       std::unique_lock<std::mutex> lk(mu_);
+      // Stalled (waiting for reserved or pinned blocks), the requests alone are no work: only
+      // a queued change or the next lease deadline can let them fit.
       const auto has_work = [&] {
-        return stopping_ || !incoming_.empty() || !cancels_.empty() || !requests_.empty() ||
-               !reserves_.empty() || !reservation_releases_.empty() || !pin_releases_.empty();
+        return stopping_ || !incoming_.empty() || !cancels_.empty() ||
+               (!requests_.empty() && !stalled_) || !reserves_.empty() ||
+               !reservation_releases_.empty() || !pin_releases_.empty();
       };
-      if (reservations_.empty()) {
-        work_cv_.wait(lk, has_work);
+      if (const auto deadline = ledger_.next_deadline()) {
+        work_cv_.wait_until(lk, *deadline, has_work);
       } else {
-        auto deadline = std::chrono::steady_clock::time_point::max();
-        for (const auto& [id, res] : reservations_) deadline = std::min(deadline, res.deadline);
-        work_cv_.wait_until(lk, deadline, has_work);
+        work_cv_.wait(lk, has_work);
       }
       incoming.swap(incoming_);
       cancels.swap(cancels_);
@@ -273,20 +274,23 @@ void EngineLoop::run() {
     }
     for (RequestId id : pin_releases) release_pinned_now(id);
     pin_releases.clear();
+    // Releases before reserves: a release queued before a new reserve of the same id ends the
+    // old reservation, never the new one.
+    for (RequestId id : reservation_releases) release_reservation_now(id);
+    reservation_releases.clear();
     for (auto& op : reserves) {
       if (stopping) {
         {
           std::lock_guard<std::mutex> lk(mu_);
-          reserved_ids_.erase(op->id);
+          if (auto it = reserved_ids_.find(op->id); it != reserved_ids_.end() && it->second == op->op)
+            reserved_ids_.erase(it);
         }
-        op->reply.set_value(Unavailable("the engine is shutting down"));
+        answer(*op, Unavailable("the engine is shutting down"));
       } else {
         reserve_now(*op);
       }
     }
     reserves.clear();
-    for (RequestId id : reservation_releases) release_reservation_now(id, false);
-    reservation_releases.clear();
     for (Submission& s : incoming) admit(std::move(s.request), std::move(s.on_event), s.submitted);
     incoming.clear();
     for (RequestId id : cancels) cancel_now(id);
@@ -301,14 +305,16 @@ void EngineLoop::run() {
       {
         std::lock_guard<std::mutex> lk(mu_);
         stopped_ = true;
-        // Reserves that came in after the swap above: refuse them (the thread is leaving).
-        for (auto& op : reserves_) op->reply.set_value(Unavailable("the engine is shutting down"));
-        reserves_.clear();
+        // Reserves that came in after the swap above: refused (the thread is leaving), outside
+        // the lock, since their callbacks may call back in.
+        reserves.swap(reserves_);
       }
+      for (auto& op : reserves) answer(*op, Unavailable("the engine is shutting down"));
       idle_cv_.notify_all();
       return;
     }
     admit_pending_prefilled();
+    stalled_ = false;
     if (!scheduler_.idle()) {
       // The thread's boundary: a throw inside a step (a sink, a hook, a bug) fails the
       // requests that step computed, not the worker.
@@ -361,7 +367,8 @@ void EngineLoop::cancel_now(RequestId id) {
 
 void EngineLoop::step() {
   const auto step_start = std::chrono::steady_clock::now();
-  scheduler_.schedule(plan_);
+  ledger_.schedule(plan_);
+  stalled_ = plan_.empty() && plan_.blocked;
   for (const FailedSequence& f : plan_.failed) {
     fail(f.id, ResourceExhausted(fmt::format(
                    "request {} has {} tokens (prompt and generated) and needs {} KV blocks of {} "
@@ -520,24 +527,12 @@ void EngineLoop::finish(RequestState& r, EngineEvent& ev) {
   ev.generated_tokens = r.generated;
   const Sequence* seq = scheduler_.find(id);
   if (seq != nullptr) ev.preemptions = seq->preemptions;
-  if (seq != nullptr && r.sink) {
-    // Writes of this prefill may still be reading its blocks: hold them until release_pinned().
-    std::vector<BlockId>& pins = pinned_[id];
-    for (BlockId b : seq->block_table) {
-      pool_->acquire(b);
-      pins.push_back(b);
-    }
-    blocks_pinned_ += static_cast<int64_t>(seq->block_table.size());
+  // Writes of a prefill may still be reading its blocks: they stay pinned until release_pinned().
+  const bool pin = seq != nullptr && r.sink;
+  (void)ledger_.finish(id, pin);  // blocks back (or pinned) before the event goes out
+  if (pin) {
     std::lock_guard<std::mutex> lk(mu_);
     pinned_ids_.insert(id);
-  }
-  if (!scheduler_.finish(id)) {  // blocks back before the event goes out
-    auto pending = std::find_if(prefilled_pending_.begin(), prefilled_pending_.end(),
-                                [id](const PendingPrefilled& p) { return p.id == id; });
-    if (pending != prefilled_pending_.end()) {
-      pool_->release(pending->blocks);
-      prefilled_pending_.erase(pending);
-    }
   }
   if (!ev.error.ok()) {
     ++local_stats_.requests_failed;

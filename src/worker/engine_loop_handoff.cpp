@@ -2,6 +2,8 @@
 // prefilled admissions on the decode side; per-layer export and pinned blocks on the prefill
 // side. Everything named *_now runs on the engine thread.
 #include <algorithm>
+#include <exception>
+#include <future>
 
 #include "cleave/common/log.h"
 #include "cleave/worker/engine_loop.h"
@@ -10,9 +12,8 @@
 
 namespace cleave {
 
-Result<std::vector<BlockId>> EngineLoop::reserve(RequestId id, int64_t num_tokens,
-                                                 std::chrono::milliseconds lease,
-                                                 std::function<void()> on_end) {
+Status EngineLoop::reserve_async(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
+                                 ReservationFence on_end, ReserveCallback done) {
   if (num_tokens < 1) {
     return InvalidArgument(
         fmt::format("reserve {}: num_tokens is {}, it must be at least 1", id, num_tokens));
@@ -32,23 +33,36 @@ Result<std::vector<BlockId>> EngineLoop::reserve(RequestId id, int64_t num_token
         "reserve {}: a prompt of {} tokens needs {} KV blocks of {} tokens; the pool has {} in all",
         id, num_tokens, need, bs, pool_->total_blocks()));
   }
+  if (!done) return InvalidArgument(fmt::format("reserve {}: no result callback", id));
   auto op = std::make_shared<ReserveOp>();
   op->id = id;
   op->num_tokens = num_tokens;
   op->lease = lease;
   op->on_end = std::move(on_end);
-  auto reply = op->reply.get_future();
+  op->done = std::move(done);
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_ || stopped_) return Unavailable(fmt::format("reserve {}: the engine is shutting down", id));
-    if (in_flight_.count(id) != 0 || !reserved_ids_.insert(id).second) {
+    op->op = next_reserve_op_++;
+    if (in_flight_.count(id) != 0 || !reserved_ids_.emplace(id, op->op).second) {
       return AlreadyExists(fmt::format("reserve {}: the id is already reserved or in flight", id));
     }
     reserves_.push_back(std::move(op));
     idle_ = false;
   }
   work_cv_.notify_one();
-  return reply.get();
+  return Status::Ok();
+}
+
+Result<std::vector<BlockId>> EngineLoop::reserve(RequestId id, int64_t num_tokens,
+                                                 std::chrono::milliseconds lease,
+                                                 ReservationFence on_end) {
+  auto reply = std::make_shared<std::promise<Result<std::vector<BlockId>>>>();
+  std::future<Result<std::vector<BlockId>>> result = reply->get_future();
+  CLEAVE_RETURN_IF_ERROR(reserve_async(
+      id, num_tokens, lease, std::move(on_end),
+      [reply](Result<std::vector<BlockId>> r) { reply->set_value(std::move(r)); }));
+  return result.get();
 }
 
 bool EngineLoop::release_reservation(RequestId id) {
@@ -72,80 +86,59 @@ bool EngineLoop::release_pinned(RequestId id) {
 }
 
 void EngineLoop::reserve_now(ReserveOp& op) {
-  const int64_t bs = pool_->layout().block_size;
-  const int64_t need = (op.num_tokens + bs - 1) / bs;
-  std::vector<BlockId> blocks;
-  Status st = pool_->can_allocate(need)
-                  ? pool_->allocate(need, blocks)
-                  : ResourceExhausted(fmt::format(
-                        "reserve {}: {} KV blocks needed, {} free or evictable now (of {})", op.id,
-                        need, pool_->free_blocks() + pool_->cached_blocks(), pool_->total_blocks()));
   bool wanted = true;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    // Released before it was made: the caller no longer wants it.
-    wanted = reserved_ids_.count(op.id) != 0;
-    if (!st.ok()) reserved_ids_.erase(op.id);
-  }
-  if (!st.ok()) {
-    op.reply.set_value(std::move(st));
-    return;
+    // Released before it was made (its entry gone, or another reserve's now): not wanted.
+    auto it = reserved_ids_.find(op.id);
+    wanted = it != reserved_ids_.end() && it->second == op.op;
   }
   if (!wanted) {
-    pool_->release(blocks);
-    op.reply.set_value(Cancelled(fmt::format("reserve {}: released while being made", op.id)));
+    answer(op, Cancelled(fmt::format("reserve {}: released while being made", op.id)));
     return;
   }
-  blocks_reserved_ += need;
-  reservations_[op.id] =
-      Reservation{blocks, std::chrono::steady_clock::now() + op.lease, std::move(op.on_end)};
-  publish_stats();  // stats() shows the reservation once reserve() returns
-  op.reply.set_value(std::move(blocks));
+  Result<std::vector<BlockId>> blocks =
+      ledger_.reserve(op.id, op.num_tokens, op.lease, std::move(op.on_end));
+  if (!blocks.ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (auto it = reserved_ids_.find(op.id); it != reserved_ids_.end() && it->second == op.op)
+      reserved_ids_.erase(it);
+  } else {
+    publish_stats();  // stats() shows the reservation once the result is out
+  }
+  answer(op, std::move(blocks));
 }
 
-void EngineLoop::release_reservation_now(RequestId id, bool expired) {
-  auto it = reservations_.find(id);
-  if (it == reservations_.end()) return;  // consumed by a prefilled submit in the meantime
-  if (it->second.on_end) it->second.on_end();  // fenced before the blocks can be reused
-  pool_->release(it->second.blocks);
-  blocks_reserved_ -= static_cast<int64_t>(it->second.blocks.size());
-  reservations_.erase(it);
-  if (expired) {
-    ++local_stats_.leases_expired;
-    std::lock_guard<std::mutex> lk(mu_);
-    reserved_ids_.erase(id);
-  } else {
-    ++local_stats_.reservations_released;
+void EngineLoop::answer(ReserveOp& op, Result<std::vector<BlockId>> result) {
+  // The callback is the caller's: a throw must not end the engine thread. A reservation made
+  // stays held then and ends by its lease like an unclaimed one.
+  try {
+    op.done(std::move(result));
+  } catch (const std::exception& e) {
+    log::error("engine: the reserve callback of request {} threw: {}", op.id, e.what());
+  } catch (...) {
+    log::error("engine: the reserve callback of request {} threw", op.id);
   }
+}
+
+void EngineLoop::release_reservation_now(RequestId id) {
+  // Nothing when consumed by a prefilled submit in the meantime, or expired.
+  (void)ledger_.release_reservation(id);
 }
 
 void EngineLoop::expire_leases() {
-  if (reservations_.empty()) return;
-  const auto now = std::chrono::steady_clock::now();
-  std::vector<RequestId> expired;
-  for (const auto& [id, res] : reservations_)
-    if (res.deadline <= now) expired.push_back(id);
-  for (RequestId id : expired) {
-    bool consumed = false;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      // A prefilled submit already took it (queued, not yet admitted): not expired.
-      consumed = reserved_ids_.count(id) == 0 && in_flight_.count(id) != 0;
-    }
-    if (consumed) continue;
-    log::info("engine: the KV reservation of request {} ({} blocks) expired unfilled", id,
-              reservations_[id].blocks.size());
-    release_reservation_now(id, true);
-  }
+  if (ledger_.num_reservations() == 0) return;
+  const std::vector<SequenceId> expired = ledger_.expire_leases([this](SequenceId id) {
+    // A prefilled submit already took it (queued, not yet admitted): not expired.
+    std::lock_guard<std::mutex> lk(mu_);
+    return reserved_ids_.count(id) == 0 && in_flight_.count(id) != 0;
+  });
+  if (expired.empty()) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  for (SequenceId id : expired) reserved_ids_.erase(id);
 }
 
-void EngineLoop::release_pinned_now(RequestId id) {
-  auto it = pinned_.find(id);
-  if (it == pinned_.end()) return;
-  pool_->release(it->second);
-  blocks_pinned_ -= static_cast<int64_t>(it->second.size());
-  pinned_.erase(it);
-}
+void EngineLoop::release_pinned_now(RequestId id) { (void)ledger_.release_pinned(id); }
 
 void EngineLoop::admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestState> r) {
   const RequestId id = req.id;
@@ -155,44 +148,17 @@ void EngineLoop::admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestSta
   r->generated = r->resumed + 1;
   r->cached_prompt_tokens = 0;
   requests_.emplace(id, std::move(r));
-  auto res = reservations_.find(id);
-  if (res == reservations_.end()) {
-    fail(id, FailedPrecondition(fmt::format(
-                 "request {}: its KV reservation ended (lease expired or released) before decode "
-                 "started",
-                 id)));
-    return;
-  }
-  // The KV is in place (its notice came): nothing may write into these blocks any more.
-  if (res->second.on_end) res->second.on_end();
-  std::vector<BlockId> blocks = std::move(res->second.blocks);
-  blocks_reserved_ -= static_cast<int64_t>(blocks.size());
-  reservations_.erase(res);
-  if (!prefilled_pending_.empty()) {  // keep arrival order behind those already waiting
-    prefilled_pending_.push_back(
-        PendingPrefilled{id, std::move(req.prompt), req.first_token, std::move(blocks)});
-    return;
-  }
-  const Status added = scheduler_.add_prefilled(id, req.prompt, req.first_token, blocks);
-  if (added.code() == StatusCode::kUnavailable) {
-    prefilled_pending_.push_back(
-        PendingPrefilled{id, std::move(req.prompt), req.first_token, std::move(blocks)});
-  } else if (!added.ok()) {
-    pool_->release(blocks);
-    fail(id, added);
-  }
+  // The ledger fences the reservation (the KV is in place: nothing may write there any more)
+  // and runs the sequence now or queues it for a running slot.
+  const Status added = ledger_.add_prefilled(id, std::move(req.prompt), req.first_token);
+  if (!added.ok()) fail(id, added);
 }
 
 void EngineLoop::admit_pending_prefilled() {
-  while (!prefilled_pending_.empty()) {
-    PendingPrefilled& p = prefilled_pending_.front();
-    const Status added = scheduler_.add_prefilled(p.id, p.prompt, p.first_token, p.blocks);
-    if (added.code() == StatusCode::kUnavailable) return;
-    const RequestId id = p.id;
-    if (!added.ok()) pool_->release(p.blocks);
-    prefilled_pending_.pop_front();
-    if (!added.ok()) fail(id, added);
-  }
+  if (ledger_.num_pending() == 0) return;
+  std::vector<std::pair<SequenceId, Status>> failed;
+  ledger_.admit_pending(failed);
+  for (const auto& [id, st] : failed) fail(id, st);
 }
 
 void EngineLoop::export_layer(int64_t layer) {

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <future>
 
 #include "cleave/engine/token_finisher.h"
 #include "cleave/worker/engine_loop.h"
@@ -40,10 +39,11 @@ struct EngineLoop::RequestState {
 
 struct EngineLoop::ReserveOp {
   RequestId id = 0;
+  uint64_t op = 0;  // its entry in reserved_ids_
   int64_t num_tokens = 0;
   std::chrono::milliseconds lease{0};
-  std::function<void()> on_end;  // moves into the Reservation when it is made
-  std::promise<Result<std::vector<BlockId>>> reply;
+  ReservationFence on_end;  // moves into the ledger's reservation when it is made
+  ReserveCallback done;     // called once with the result
 };
 
 }  // namespace cleave

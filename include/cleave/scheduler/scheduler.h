@@ -16,16 +16,25 @@
 //      sequence is preempted (blocks released, num_computed_tokens reset to 0; its generated
 //      tokens are kept and recomputed with the prompt later), repeatedly. The oldest running
 //      sequence is never preempted for a younger one, so it always makes progress; when it
-//      cannot fit with every other sequence preempted, it is removed and reported as failed
-//      (ResourceExhausted): never a deadlock, never an endless loop.
+//      cannot fit with every other sequence preempted, it waits (keeping its blocks, nothing
+//      admitted behind it) while blocks held outside the scheduler will come back (see below),
+//      and is removed and reported as failed (ResourceExhausted) when none will or when its
+//      chunk needs more blocks than the pool has.
 //   2. If nobody was preempted, waiting sequences are admitted in arrival order (no skipping)
 //      while the budget, max_num_seqs and the pool allow. On admission the prefix cache is
 //      consulted: the longest chain of cached full blocks of the sequence's tokens is acquired
 //      and those tokens count as computed ("cached"), but never the last token, which must be
 //      computed to give logits. A sequence is admitted only when blocks for its first chunk can
-//      be had (evicting unreferenced cached blocks as the pool sees fit); one that does not fit
-//      even when no sequence holds a block (a preempted sequence that outgrew the pool) is
-//      removed and reported as failed.
+//      be had (evicting unreferenced cached blocks as the pool sees fit). When nothing runs and
+//      the front does not fit, it waits while blocks held outside the scheduler will come back,
+//      unless its chunk needs more blocks than the pool has; it is removed and reported as
+//      failed when it does not fit with no block held anywhere (a preempted sequence that
+//      outgrew the pool).
+//   Blocks held outside (schedule()'s `blocks_coming_back`: reservations and pins, see
+//   block_ledger.h) all come back in bounded time, so a wait ends: either the blocks come back
+//   and the sequence fits (or fails at once, nothing being held any more), or it was never going
+//   to fit and fails now. A step that waits plans no chunk for the waiter and sets plan.blocked,
+//   so that the caller sleeps until something changes instead of spinning.
 // After the forward pass, complete() advances num_computed_tokens and registers every block
 // that became full in the prefix cache (prompt and generated tokens alike: a block's KV depends
 // only on the tokens up to it). A chunk that reaches the last known token "samples": its logits
@@ -108,6 +117,9 @@ struct StepPlan {
   std::vector<SequenceId> preempted;   // sent back to waiting in this step
   std::vector<FailedSequence> failed;  // removed: cannot fit in the pool even alone
   int64_t num_tokens = 0;              // sum of chunk sizes (<= max_tokens_per_step)
+  // A sequence does not fit now but will once the blocks held outside the scheduler are back:
+  // it waits (nothing behind it is admitted). With no chunk, nothing changes until then.
+  bool blocked = false;
 
   bool empty() const { return chunks.empty(); }
   void clear() {
@@ -115,6 +127,7 @@ struct StepPlan {
     preempted.clear();
     failed.clear();
     num_tokens = 0;
+    blocked = false;
   }
 };
 
@@ -130,7 +143,8 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
-  // `pool` must outlive the scheduler; the scheduler is the only one that allocates from it.
+  // `pool` must outlive the scheduler. The scheduler allocates its sequences' blocks; other
+  // claims (reservations, pins) go through the BlockLedger that owns it (block_ledger.h).
   Scheduler(KvBlockPool& pool, const SchedulerOptions& opts);
   ~Scheduler();  // releases every block still held
   Scheduler(const Scheduler&) = delete;
@@ -157,8 +171,10 @@ class Scheduler {
 
   // Plans the next step into `plan` (cleared first; its vectors keep their capacity). Blocks
   // for every scheduled chunk are allocated here. Sequences in plan.failed are already removed.
+  // `blocks_coming_back`: blocks held outside the scheduler that will be released in bounded
+  // time (admission waits for them rather than failing; see the top of this header).
   // No finish()/abort() may happen between schedule() and complete() for a scheduled sequence.
-  void schedule(StepPlan& plan);
+  void schedule(StepPlan& plan, int64_t blocks_coming_back = 0);
   // Records that the plan's forward pass ran: advances num_computed_tokens and registers the
   // blocks that became full in the prefix cache.
   void complete(const StepPlan& plan);

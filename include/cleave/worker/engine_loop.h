@@ -31,9 +31,17 @@
 //   present (only call it once the KV is in place). An unconsumed reservation goes back to the
 //   pool when its lease ends (counted in stats().leases_expired) or on release_reservation().
 //
-// Thread-safety: submit(), cancel(), reserve(), release_reservation(), release_pinned(),
-// stats(), wait_idle() and shutdown() may be called from any thread. Callbacks run on the engine thread, one at a time, without any lock held: they may call
-// submit() and cancel(), and should return quickly (they hold up every request).
+// Every claim on the pool (running sequences, reservations, pins, prefilled sequences waiting
+// for a slot) is held by one BlockLedger (scheduler/block_ledger.h) on the engine thread, with
+// one lease clock. A request that does not fit because reservations or pins hold blocks waits
+// for them (they come back in bounded time) instead of failing; the engine thread then sleeps
+// until the next lease deadline or the next queued change, never spinning.
+//
+// Thread-safety: submit(), cancel(), reserve(), reserve_async(), release_reservation(),
+// release_pinned(), stats(), wait_idle() and shutdown() may be called from any thread. Callbacks
+// run on the engine thread, one at a time, without any lock held: they may call submit(),
+// cancel(), reserve_async(), release_reservation() and release_pinned(), and should return
+// quickly (they hold up every request).
 #pragma once
 
 #include <chrono>
@@ -58,6 +66,7 @@
 #include "cleave/kvcache/kv_block_pool.h"
 #include "cleave/model/tokenizer.h"
 #include "cleave/request/request.h"
+#include "cleave/scheduler/block_ledger.h"
 #include "cleave/scheduler/scheduler.h"
 
 namespace cleave {
@@ -191,21 +200,31 @@ class EngineLoop {
   bool cancel(RequestId id);
 
   // Decode side: reserves the blocks for a prompt of `num_tokens` tokens (positions
-  // [0, num_tokens)) under `id`, until `lease` from now. Waits for the engine thread (at most
-  // one step). InvalidArgument for num_tokens < 1; OutOfRange when it does not fit the context;
-  // AlreadyExists when the id has a reservation or is in flight; ResourceExhausted when the
-  // pool cannot give the blocks now (nothing is taken or evicted then); Unavailable after
-  // shutdown(). The block ids come back in position order.
-  // `on_end` (may be empty) fences the blocks: it runs once on the engine thread when the
-  // reservation ends (consumed by its prefilled submit, released, or its lease expired), before
-  // any of its blocks can go to another request; the decode worker revokes there the memory
-  // key it gave the writer, so that a write arriving late never lands in reused blocks. When
-  // reserve() returns an error it never runs (the caller revokes). shutdown() runs those of the
-  // reservations still held, on its own thread once the engine thread has stopped (so their
-  // target must still be alive then; the destructor's shutdown() finds none left).
+  // [0, num_tokens)) under `id`, until `lease` from now, without waiting: `done` gets the
+  // result once, on the engine thread (in its next iteration), or on shutdown()'s thread when
+  // the engine stops first. A non-OK return means nothing was queued and `done` never runs:
+  // InvalidArgument for num_tokens < 1 or a lease under 1 ms; OutOfRange when it does not fit
+  // the context; ResourceExhausted when it needs more blocks than the pool has; AlreadyExists
+  // when the id has a reservation or is in flight; Unavailable after shutdown(). `done` gets
+  // the block ids in position order, or ResourceExhausted when the pool cannot give them now
+  // (nothing is taken or evicted then), Cancelled when release_reservation() came first,
+  // Unavailable on shutdown.
+  // `on_end` (may be empty) fences the blocks: it runs once when the reservation ends, told how
+  // (consumed by its prefilled submit, released, its lease expired, shutdown), before any of its
+  // blocks can go to another request; the decode worker revokes there the memory key it gave
+  // the writer, so that a write arriving late never lands in reused blocks. It runs on the
+  // engine thread, after `done` delivered the blocks; when `done` gets an error it never runs
+  // (the caller revokes). shutdown() runs those of the reservations still held, on its own
+  // thread once the engine thread has stopped (so their target must still be alive then; the
+  // destructor's shutdown() finds none left).
+  using ReserveCallback = std::function<void(Result<std::vector<BlockId>>)>;
+  Status reserve_async(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
+                       ReservationFence on_end, ReserveCallback done);
+  // reserve_async() that waits for the result (at most one engine step; for in-process callers
+  // and tests, not for RPC threads). Its errors are reserve_async()'s and `done`'s.
   Result<std::vector<BlockId>> reserve(RequestId id, int64_t num_tokens,
                                        std::chrono::milliseconds lease,
-                                       std::function<void()> on_end = {});
+                                       ReservationFence on_end = {});
   // Gives a reservation's blocks back (in the engine's next iteration; does not wait). false
   // when there is none under `id` (consumed, released or expired).
   bool release_reservation(RequestId id);
@@ -247,7 +266,8 @@ class EngineLoop {
   // Disaggregation, engine thread.
   struct ReserveOp;
   void reserve_now(ReserveOp& op);
-  void release_reservation_now(RequestId id, bool expired);
+  void answer(ReserveOp& op, Result<std::vector<BlockId>> result);  // calls op.done, catching
+  void release_reservation_now(RequestId id);
   void release_pinned_now(RequestId id);
   void expire_leases();
   void admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestState> r);
@@ -258,7 +278,8 @@ class EngineLoop {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<KvBlockPool> pool_;
   EngineLoopOptions opts_;
-  Scheduler scheduler_;
+  BlockLedger ledger_;    // every claim on pool_
+  Scheduler& scheduler_;  // ledger_'s running and waiting sequences
   int64_t vocab_ = 0;
   int64_t context_ = 0;
   std::vector<int32_t> eos_ids_;  // the tokenizer's end-of-generation ids
@@ -270,20 +291,9 @@ class EngineLoop {
   std::vector<RequestState*> scoring_;  // per batch_ entry: the request whose prompt it scores
   std::vector<float> logits_;  // max_num_seqs rows of vocab_size
   EngineStats local_stats_;
-  struct Reservation {
-    std::vector<BlockId> blocks;
-    std::chrono::steady_clock::time_point deadline;
-    std::function<void()> on_end;  // reserve()'s fence, run before the blocks are given back
-  };
-  std::unordered_map<RequestId, Reservation> reservations_;
-  std::unordered_map<RequestId, std::vector<BlockId>> pinned_;
-  struct PendingPrefilled {  // the KV is in place; waits for a running slot (max_num_seqs)
-    RequestId id;
-    std::vector<int32_t> prompt;
-    int32_t first_token;
-    std::vector<BlockId> blocks;
-  };
-  std::deque<PendingPrefilled> prefilled_pending_;
+  // The last step planned nothing because its sequences wait for reserved or pinned blocks:
+  // the thread sleeps until a queued change or a lease deadline instead of stepping again.
+  bool stalled_ = false;
   struct ExportChunk {  // a kv_export request's share of the step being computed
     RequestState* request;
     const Sequence* seq;
@@ -291,8 +301,6 @@ class EngineLoop {
     bool last;
   };
   std::vector<ExportChunk> exports_;
-  int64_t blocks_reserved_ = 0;
-  int64_t blocks_pinned_ = 0;
 
   // Shared with the submitting threads, under mu_.
   mutable std::mutex mu_;
@@ -309,7 +317,10 @@ class EngineLoop {
   std::vector<std::shared_ptr<ReserveOp>> reserves_;
   std::vector<RequestId> reservation_releases_;
   std::vector<RequestId> pin_releases_;
-  std::unordered_set<RequestId> reserved_ids_;  // asked for, made, and not consumed or ended
+  // Asked for, made, and not consumed or ended, with the ReserveOp that asked: a release that
+  // races a new reserve of the same id cancels only the old one.
+  std::unordered_map<RequestId, uint64_t> reserved_ids_;
+  uint64_t next_reserve_op_ = 1;
   std::unordered_set<RequestId> pinned_ids_;
   bool stopping_ = false;
   bool stopped_ = false;  // the engine thread has exited

@@ -2,15 +2,14 @@
 
 namespace cleave::worker_service {
 
-uint64_t ReservationTable::add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
-                               Clock::time_point deadline) {
+uint64_t ReservationTable::add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto old = by_id_.find(id); old != by_id_.end()) erase_locked(old);  // a stale entry
   uint64_t tag = 0;
   do {
     tag = rng_();
   } while (tag == 0 || by_tag_.count(tag) != 0);
-  by_id_[id] = Entry{tag, num_tokens, lease, deadline, false, false};
+  by_id_[id] = Entry{tag, num_tokens, lease, false, false, false};
   by_tag_[tag] = id;
   return tag;
 }
@@ -20,7 +19,24 @@ bool ReservationTable::mark_filled(uint64_t tag) {
     std::lock_guard<std::mutex> lock(mu_);
     auto t = by_tag_.find(tag);
     if (t == by_tag_.end()) return false;
-    by_id_.at(t->second).filled = true;
+    Entry& e = by_id_.at(t->second);
+    if (e.expired) return false;  // its blocks are gone: the KV came too late
+    e.filled = true;
+  }
+  notify();
+  return true;
+}
+
+bool ReservationTable::expire(RequestId id, uint64_t tag) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end() || it->second.tag != tag) return false;
+    if (!it->second.claimed) {
+      erase_locked(it);  // no Decode waits: nobody to tell
+      return true;
+    }
+    it->second.expired = true;
   }
   notify();
   return true;
@@ -48,10 +64,10 @@ std::optional<ReservationTable::Taken> ReservationTable::poll(RequestId id, cons
   }
   if (shutdown_) {
     taken.outcome = Outcome::kShutdown;
+  } else if (it->second.expired) {  // before filled: the blocks are gone either way
+    taken.outcome = Outcome::kExpired;
   } else if (it->second.filled) {
     taken.outcome = Outcome::kFilled;
-  } else if (Clock::now() >= it->second.deadline) {
-    taken.outcome = Outcome::kExpired;
   } else if (give_up) {
     taken.outcome = Outcome::kGaveUp;
   } else {
@@ -87,20 +103,6 @@ bool ReservationTable::remove(RequestId id) {
   }
   if (removed) notify();
   return removed;
-}
-
-int ReservationTable::purge_expired(Clock::time_point now) {
-  std::lock_guard<std::mutex> lock(mu_);
-  int n = 0;
-  for (auto it = by_id_.begin(); it != by_id_.end();) {
-    auto next = std::next(it);
-    if (!it->second.claimed && now >= it->second.deadline) {
-      erase_locked(it);
-      ++n;
-    }
-    it = next;
-  }
-  return n;
 }
 
 void ReservationTable::shutdown() {

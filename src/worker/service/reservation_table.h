@@ -1,8 +1,10 @@
 // A decode worker's reservations as the control plane sees them: request id, the notice tag the
-// prefill worker's notice will carry, the prompt length and the lease. The engine loop owns the
-// blocks (EngineLoop::reserve and its lease expiry); this table pairs notices with requests and
-// lets Decode wait for its KV, without a thread: claim() once, then poll() whenever the table
-// signals a change (its listener) or a timer fires.
+// prefill worker's notice will carry, and the prompt length (and lease, for messages). The
+// engine's block ledger owns the blocks and the lease clock (scheduler/block_ledger.h); this
+// table only pairs notices with requests and lets Decode wait for its KV, without a thread:
+// claim() once, then poll() whenever the table signals a change (its listener) or a timer
+// fires. The end of a lease is told to it by the engine (the reservation's fence calls
+// expire()), so the table keeps no deadline of its own.
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -21,16 +23,19 @@ namespace cleave::worker_service {
 
 class ReservationTable {
  public:
-  using Clock = std::chrono::steady_clock;
-
   // Records a reservation (the engine has already reserved its blocks) and returns its notice
-  // tag: random, non-zero, unique among the table's entries. The entry ends at `deadline`.
-  uint64_t add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
-               Clock::time_point deadline);
+  // tag: random, non-zero, unique among the table's entries. An entry already under `id` (a
+  // stale one) is replaced.
+  uint64_t add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease);
 
   // The notice with `tag` arrived: its reservation's KV is in place. false for an unknown tag
-  // (an expired, released or aborted reservation).
+  // (an expired, released or aborted reservation) or one whose lease ended.
   bool mark_filled(uint64_t tag);
+
+  // The engine ended reservation `id` (tag `tag`) at the end of its lease: a claimed entry
+  // answers kExpired to its Decode's next poll; an unclaimed one is dropped. false (nothing
+  // changes) when the table has no entry under `id` with that tag (released, taken, replaced).
+  bool expire(RequestId id, uint64_t tag);
 
   enum class Outcome {
     kFilled,       // the KV is in place: the caller submits the request
@@ -65,9 +70,6 @@ class ReservationTable {
 
   // Release / Abort: removes the entry (a waiting Decode sees kReleased). false when none.
   bool remove(RequestId id);
-  // Drops unclaimed entries whose lease ended (the engine returns their blocks itself).
-  // Returns how many were dropped.
-  int purge_expired(Clock::time_point now);
   // Wakes every waiter with kShutdown; later waits answer kShutdown at once.
   void shutdown();
 
@@ -78,8 +80,8 @@ class ReservationTable {
     uint64_t tag = 0;
     int64_t num_tokens = 0;
     std::chrono::milliseconds lease{0};
-    Clock::time_point deadline;
     bool filled = false;
+    bool expired = false;  // the engine ended it at the end of its lease
     bool claimed = false;  // a Decode waits on it
   };
   void erase_locked(std::unordered_map<RequestId, Entry>::iterator it);

@@ -1,4 +1,8 @@
 // Decode workers: Reserve, Release and Decode (token_stream.cpp streams it).
+#include <exception>
+#include <memory>
+#include <string>
+
 #include "cleave/common/log.h"
 #include "cleave/worker/proto_convert.h"
 #include "fmt/format.h"
@@ -7,18 +11,39 @@
 
 namespace cleave::worker_service {
 
-grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest* req,
-                                 v1::KvDestination* out) {
-  return guarded("Reserve", [&]() -> Status {
+namespace {
+
+// A callback-API handler's boundary, like WorkerRpcs::guarded for the synchronous ones: an
+// exception `body` lets out becomes INTERNAL naming the RPC.
+template <typename Body>
+Status caught(std::string_view rpc, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return Internal(std::string(rpc) + " failed: " + e.what());
+  } catch (...) {
+    return Internal(std::string(rpc) + " failed: an exception that is not a std::exception");
+  }
+}
+
+}  // namespace
+
+// On the callback API: the engine makes the reservation in its next iteration and answers on
+// its own thread, so no gRPC thread waits on it.
+grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
+                                              const v1::ReserveRequest* req, v1::KvDestination* out) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  bool queued = false;  // the engine's callback finishes the call
+  const Status st = caught("Reserve", [&]() -> Status {
     if (core_.role != WorkerRole::kDecode) return wrong_role(core_, "Reserve", "decode");
     if (Status d = core_.refuse_if_draining("Reserve"); !d.ok()) return d;
     if (req->lease_ms() < 0) {
       return InvalidArgument(fmt::format("lease_ms {} is negative", req->lease_ms()));
     }
     const RequestId id = req->request_id();
+    const int64_t num_tokens = req->num_prompt_tokens();
     const std::chrono::milliseconds lease(req->lease_ms() > 0 ? req->lease_ms()
                                                               : core_.config.worker.lease_ms);
-    const auto deadline = std::chrono::steady_clock::now() + lease;
     // The writer gets a key of this reservation's own: the engine revokes it when the
     // reservation ends, before its blocks can be reused, so that a write still on its way then
     // (a partition can hold one in a socket buffer for minutes) is refused by the provider
@@ -33,32 +58,57 @@ grpc::Status WorkerRpcs::Reserve(grpc::ServerContext*, const v1::ReserveRequest*
       Status s = transfer->deregister(key_id);
       if (!s.ok()) log::error("request {}: revoking its KV key failed: {}", id, s.message());
     };
-    auto blocks = core_.engine->reserve(id, req->num_prompt_tokens(), lease, revoke);
-    if (!blocks.ok()) {
+    // The notice tag, set by the result callback before the call answers; the fence reads it
+    // later on the same engine thread (or after that thread has been joined).
+    auto tag = std::make_shared<uint64_t>(0);
+    ReservationTable* table = &core_.reservations;
+    auto on_end = [revoke, table, tag, id](ReservationEnd how) {
       revoke();
-      return blocks.status();
+      // A Decode waiting for this KV ends now with its "lease expired" outcome.
+      if (how == ReservationEnd::kExpired) (void)table->expire(id, *tag);
+    };
+    auto on_reserved = [this, reactor, out, revoke, key, tag, id, num_tokens,
+                        lease](Result<std::vector<BlockId>> blocks) {
+      const Status made = caught("Reserve", [&]() -> Status {
+        if (!blocks.ok()) {
+          revoke();
+          return blocks.status();
+        }
+        KvDestination dest;
+        dest.request_id = id;
+        dest.worker_id = core_.id;
+        dest.transfer_address = core_.transfer->address();
+        dest.region = key.remote;
+        dest.layout = core_.engine->kv_layout();
+        dest.model_fingerprint = core_.model_fingerprint;
+        dest.blocks = std::move(*blocks);
+        dest.lease = lease;
+        *tag = core_.reservations.add(id, num_tokens, lease);
+        dest.notice_tag = *tag;
+        to_proto(dest, out);
+        log::debug("worker {}: reserved {} blocks for request {} ({} tokens, lease {} ms)",
+                   core_.id, dest.blocks.size(), id, num_tokens, lease.count());
+        return Status::Ok();
+      });
+      reactor->Finish(count_rpc(core_, "Reserve", to_grpc(made)));
+    };
+    Status q = core_.engine->reserve_async(id, num_tokens, lease, std::move(on_end),
+                                           std::move(on_reserved));
+    if (!q.ok()) {
+      revoke();
+      return q;
     }
-
-    KvDestination dest;
-    dest.request_id = id;
-    dest.worker_id = core_.id;
-    dest.transfer_address = core_.transfer->address();
-    dest.region = key.remote;
-    dest.layout = core_.engine->kv_layout();
-    dest.model_fingerprint = core_.model_fingerprint;
-    dest.blocks = std::move(*blocks);
-    dest.lease = lease;
-    dest.notice_tag = core_.reservations.add(id, req->num_prompt_tokens(), lease, deadline);
-    to_proto(dest, out);
-    log::debug("worker {}: reserved {} blocks for request {} ({} tokens, lease {} ms)", core_.id,
-               dest.blocks.size(), id, req->num_prompt_tokens(), lease.count());
+    queued = true;
     return Status::Ok();
   });
+  if (!queued) reactor->Finish(count_rpc(core_, "Reserve", to_grpc(st)));
+  return reactor;
 }
 
-grpc::Status WorkerRpcs::Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
-                                 v1::ReleaseResponse* out) {
-  return guarded("Release", [&]() -> Status {
+grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* ctx,
+                                              const v1::ReleaseRequest* req,
+                                              v1::ReleaseResponse* out) {
+  return unary(ctx, "Release", [&]() -> Status {
     if (core_.role != WorkerRole::kDecode) return wrong_role(core_, "Release", "decode");
     const bool had_entry = core_.reservations.remove(req->request_id());
     const bool had_blocks = core_.engine->release_reservation(req->request_id());

@@ -271,7 +271,7 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
       case Outcome::kFilled:
         break;
       case Outcome::kExpired:
-        // The engine gives the blocks back at the lease's end (and counts it).
+        // The engine's ledger ended the reservation (blocks back, counted) and told the table.
         log::info("worker {}: request {}: the KV did not arrive within the lease of {} ms",
                   core_.id, id_, taken->lease.count());
         finish_now(FailedPrecondition(

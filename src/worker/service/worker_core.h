@@ -98,16 +98,13 @@ Status wrong_role(const WorkerCore& core, std::string_view rpc, std::string_view
 // Counts the RPC in the metrics (and logs a failure other than CANCELLED); returns `s`.
 grpc::Status count_rpc(WorkerCore& core, std::string_view rpc, grpc::Status s);
 
-// The gRPC service. Every handler checks the role first. The RPCs that wait for the engine or
-// a transfer run on the callback API, so that no thread is held per call: the streams (Decode,
-// Generate; token_stream.h) and Prefill (rpc_prefill.cpp). The quick unary ones run on it too
-// (unary()), finished on gRPC's callback executor, so the worker has no thread pool of gRPC
-// threads that grows with the load.
-using WorkerServiceBase = v1::Worker::WithCallbackMethod_GetInfo<
-    v1::Worker::WithCallbackMethod_GetLoad<v1::Worker::WithCallbackMethod_GetMetrics<
-        v1::Worker::WithCallbackMethod_Abort<v1::Worker::WithCallbackMethod_Prefill<
-            v1::Worker::WithCallbackMethod_Decode<
-                v1::Worker::WithCallbackMethod_Generate<v1::Worker::Service>>>>>>>;
+// The gRPC service, wholly on the callback API (v1::Worker::CallbackService), so that no thread
+// is held per call and the worker has no pool of gRPC threads that grows with the load. Every
+// handler checks the role first. The streams (Decode, Generate; token_stream.h), Prefill
+// (rpc_prefill.cpp) and Reserve (rpc_decode.cpp) are reactors of their own, driven by the
+// engine and the transfer engine; the quick unary RPCs finish at once on gRPC's callback
+// executor (unary()).
+using WorkerServiceBase = v1::Worker::CallbackService;
 
 class WorkerRpcs final : public WorkerServiceBase {
  public:
@@ -120,10 +117,12 @@ class WorkerRpcs final : public WorkerServiceBase {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx,
                                        const v1::GetMetricsRequest* req,
                                        v1::MetricsText* out) override;
-  grpc::Status Reserve(grpc::ServerContext* ctx, const v1::ReserveRequest* req,
-                       v1::KvDestination* out) override;
-  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
-                       v1::ReleaseResponse* out) override;
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* ctx,
+                                    const v1::ReserveRequest* req,
+                                    v1::KvDestination* out) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
+                                    const v1::ReleaseRequest* req,
+                                    v1::ReleaseResponse* out) override;
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* ctx,
                                     const v1::PrefillRequest* req,
                                     v1::PrefillResponse* out) override;

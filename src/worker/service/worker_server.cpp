@@ -201,8 +201,7 @@ std::string WorkerServer::Impl::in_flight_text() const {
 void WorkerServer::Impl::notice_loop() {
   set_thread_name("notices");
   constexpr auto kWait = std::chrono::milliseconds(50);
-  constexpr auto kPurgeEvery = std::chrono::milliseconds(250);
-  auto last_purge = std::chrono::steady_clock::now();
+  // Matching only: a reservation's lease ends in the engine's ledger, which tells the table.
   while (!stop_notices.load(std::memory_order_acquire)) {
     Result<transfer::Notice> n = core.transfer->wait_notice(kWait);
     if (n.ok()) {
@@ -215,14 +214,6 @@ void WorkerServer::Impl::notice_loop() {
     } else if (n.status().code() != StatusCode::kDeadlineExceeded) {
       log::warn("worker {}: waiting for notices: {}", core.id, n.status().to_string());
       std::this_thread::sleep_for(kWait);
-    }
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_purge >= kPurgeEvery) {
-      last_purge = now;
-      if (int dropped = core.reservations.purge_expired(now); dropped > 0) {
-        log::info("worker {}: {} reservation(s) ended unfilled at the end of their lease", core.id,
-                  dropped);
-      }
     }
   }
 }

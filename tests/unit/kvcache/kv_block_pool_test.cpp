@@ -115,6 +115,36 @@ TEST(KvBlockPoolTest, PrefersLowestContiguousRunThenLowestIds) {
   expect_counters(*pool, 0, 0, 16);
 }
 
+// Free ids first (a run when there is one, else the lowest), cached blocks evicted only for
+// what is missing (least recently released first), and runs that form again as blocks return.
+TEST(KvBlockPoolTest, FragmentedPoolTakesLowestFreeIdsBeforeEvictingThenRunsAgain) {
+  auto pool = make_pool(8);
+  ASSERT_EQ(alloc(*pool, 8).size(), 8u);
+  pool->register_full_block(2, 102);
+  pool->register_full_block(3, 103);
+  pool->release(std::vector<BlockId>{2, 3});  // last to first: 3 is the older cached block
+  pool->release(std::vector<BlockId>{0});
+  pool->release(std::vector<BlockId>{5});
+  expect_counters(*pool, 2, 2, 4);
+  // No run of 2 among the free ids {0, 5}: the lowest free ids, and nothing evicted.
+  EXPECT_EQ(alloc(*pool, 2), (std::vector<BlockId>{0, 5}));
+  EXPECT_EQ(pool->evictions(), 0u);
+  EXPECT_EQ(pool->lookup(102), BlockId{2});
+  // Nothing free: the least recently released cached block goes.
+  EXPECT_EQ(alloc(*pool, 1), (std::vector<BlockId>{3}));
+  EXPECT_EQ(pool->evictions(), 1u);
+  EXPECT_FALSE(pool->lookup(103).has_value());
+  EXPECT_EQ(pool->lookup(102), BlockId{2});
+  // Blocks back at 3, 4, 5 (and 7): the run of 3 at 3 is taken whole.
+  pool->release(std::vector<BlockId>{3, 4, 5, 7});
+  expect_counters(*pool, 4, 1, 3);
+  EXPECT_EQ(alloc(*pool, 3), (std::vector<BlockId>{3, 4, 5}));
+  // Two needed, one free (7): exactly one eviction (2), then the lowest ids.
+  EXPECT_EQ(alloc(*pool, 2), (std::vector<BlockId>{2, 7}));
+  EXPECT_EQ(pool->evictions(), 2u);
+  expect_counters(*pool, 0, 0, 8);
+}
+
 TEST(KvBlockPoolTest, AllocateAppendsAndHandlesZeroAndNegative) {
   auto pool = make_pool(8);
   std::vector<BlockId> out{42};

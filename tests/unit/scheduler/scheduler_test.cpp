@@ -322,6 +322,34 @@ TEST(SchedulerTest, SequenceThatCannotFitAloneFails) {
   EXPECT_EQ(pool->used_blocks(), 0);
 }
 
+TEST(SchedulerTest, WithBlocksComingBackTheFrontWaitsAndOnlyWhatNeverFitsFails) {
+  auto pool = make_pool(6);
+  Scheduler s(*pool, opts(64));
+  std::vector<BlockId> held;  // blocks of another claim (a reservation, say)
+  ASSERT_TRUE(pool->allocate(4, held).ok());
+  ASSERT_TRUE(s.add(1, iota_tokens(12)).ok());  // 3 blocks, 2 free
+  StepPlan plan;
+  s.schedule(plan, /*blocks_coming_back=*/4);
+  EXPECT_TRUE(plan.empty());
+  EXPECT_TRUE(plan.blocked);
+  EXPECT_TRUE(plan.failed.empty());
+  EXPECT_EQ(s.num_waiting(), 1);
+  // The same pool, but the caller says none of them comes back: it can never fit.
+  s.schedule(plan, 0);
+  EXPECT_FALSE(plan.blocked);
+  ASSERT_EQ(plan.failed.size(), 1u);
+  EXPECT_EQ(plan.failed[0].id, 1u);
+  EXPECT_EQ(s.counters().failed, 1u);
+  pool->release(held);
+  // Back: it fits.
+  ASSERT_TRUE(s.add(2, iota_tokens(12)).ok());
+  s.schedule(plan, 0);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_FALSE(plan.blocked);
+  EXPECT_TRUE(s.finish(2));
+  EXPECT_EQ(pool->used_blocks(), 0);
+}
+
 TEST(SchedulerTest, AbortFreesBlocksInEveryState) {
   auto pool = make_pool(32);
   Scheduler s(*pool, opts(8));

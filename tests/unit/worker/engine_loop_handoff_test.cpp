@@ -5,7 +5,10 @@
 // gives exactly what Generator gives alone; reservations expire after their lease; pinned blocks
 // go back on release_pinned; a failing sink ends the prefill with an error.
 #include <cstring>
+#include <ctime>
 #include <future>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 
@@ -403,6 +406,113 @@ TEST_F(HandoffLoopTest, FirstTokenEndsTheRequest) {
   EXPECT_EQ(out.text, want.text);
   expect_all_blocks_back(*pre);
   expect_all_blocks_back(*dec);
+}
+
+// Blocks held by a reservation, nothing running: a request that fits only once the lease ends
+// waits for it (it used to fail as "never fits") and then gives the reference tokens; so does
+// one whose decode grows into the reserved blocks. Every block comes back.
+TEST_F(HandoffLoopTest, RequestWaitsForReservedBlocksAndCompletesAfterTheLease) {
+  auto dec = m_.engine(options(8, 128));  // 8 blocks of 16 tokens
+  ASSERT_TRUE(dec);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 30;
+  p.ignore_eos = true;
+  std::mt19937 rng(11);
+  struct Case {
+    const char* what;
+    int64_t prompt_len;
+  };
+  // 70 tokens: its prompt needs 5 blocks, 4 are free. 50 tokens: its prompt fits in 4, its
+  // 80 tokens with the generated ones need 5.
+  const Case cases[] = {{"prompt waits", 70}, {"decode waits", 50}};
+  RequestId id = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto prompt = random_prompt(rng, *m_.tok, 512, c.prompt_len);
+    constexpr auto kLease = 300ms;
+    const uint64_t expired_before = dec->stats().leases_expired;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto held = dec->reserve(1000 + id, 16 * 4, kLease);  // 4 of the 8 blocks
+    ASSERT_TRUE(held.ok()) << held.status().to_string();
+    EventSink sink;
+    ASSERT_TRUE(dec->submit(EngineRequest{id, prompt, p}, sink.callback()).ok());
+    std::this_thread::sleep_for(50ms);
+    // Waiting, not failed, and the engine thread sleeps meanwhile instead of stepping again
+    // and again (process CPU time over 150 ms of waiting).
+    const std::clock_t cpu0 = std::clock();
+    std::this_thread::sleep_for(150ms);
+    const double cpu_ms = 1000.0 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
+    EXPECT_LT(cpu_ms, 60.0);
+    EXPECT_FALSE(sink.get(id).finished);
+    EXPECT_EQ(dec->stats().running + dec->stats().waiting, 1);
+    ASSERT_TRUE(dec->wait_idle(30s));
+    const Stream got = sink.get(id);
+    expect_same(got, generate_alone(*reference_, *m_.tok, prompt, p), c.what);
+    EXPECT_GE(got.finished_at - t0, kLease);
+    EXPECT_EQ(dec->stats().leases_expired, expired_before + 1);
+    EXPECT_EQ(dec->stats().requests_failed, 0u);
+    expect_all_blocks_back(*dec);
+    ++id;
+  }
+}
+
+// reserve_async answers on the engine thread; its errors before queueing come back at once
+// (the callback never runs), the pool's answer through the callback (the fence never runs
+// then); the fence is told how each reservation ended.
+TEST_F(HandoffLoopTest, ReserveAsyncAnswersOnTheEngineThreadAndFencesEveryEnd) {
+  auto dec = m_.engine(options(8, 64));
+  ASSERT_TRUE(dec);
+  std::mutex mu;
+  std::map<RequestId, std::vector<ReservationEnd>> ends;
+  const auto fence = [&](RequestId id) {
+    return [&, id](ReservationEnd how) {
+      std::lock_guard<std::mutex> lk(mu);
+      ends[id].push_back(how);
+    };
+  };
+  const auto reserve = [&](RequestId id, int64_t tokens, std::chrono::milliseconds lease) {
+    auto reply = std::make_shared<std::promise<std::pair<Result<std::vector<BlockId>>, std::thread::id>>>();
+    auto fut = reply->get_future();
+    const Status queued = dec->reserve_async(id, tokens, lease, fence(id),
+                                             [reply](Result<std::vector<BlockId>> r) {
+                                               reply->set_value({std::move(r), std::this_thread::get_id()});
+                                             });
+    EXPECT_TRUE(queued.ok()) << queued.to_string();
+    EXPECT_EQ(fut.wait_for(10s), std::future_status::ready);
+    return fut.get();
+  };
+  bool ran = false;
+  const auto never = [&](Result<std::vector<BlockId>>) { ran = true; };
+  EXPECT_EQ(dec->reserve_async(1, 0, 1s, fence(1), never).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dec->reserve_async(1, 16 * 9, 1s, fence(1), never).code(),
+            StatusCode::kResourceExhausted);  // more than the pool has
+  EXPECT_EQ(dec->reserve_async(1, 16, 0ms, fence(1), never).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dec->reserve_async(1, 16, 1s, fence(1), {}).code(), StatusCode::kInvalidArgument);
+
+  auto [a, a_thread] = reserve(1, 16 * 6, 10s);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->size(), 6u);
+  EXPECT_NE(a_thread, std::this_thread::get_id());
+  EXPECT_EQ(dec->reserve_async(1, 16, 1s, fence(1), never).code(), StatusCode::kAlreadyExists);
+  auto [b, b_thread] = reserve(2, 16 * 3, 10s);  // 2 left: the pool says no, through the callback
+  EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted) << b.status().to_string();
+  EXPECT_FALSE(ran);
+  EXPECT_TRUE(dec->release_reservation(1));
+  auto [c, c_thread] = reserve(3, 16, 100ms);  // expires
+  ASSERT_TRUE(c.ok());
+  auto [d, d_thread] = reserve(4, 16, 10s);  // ends at shutdown
+  ASSERT_TRUE(d.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  while (dec->stats().leases_expired == 0 && std::chrono::steady_clock::now() - t0 < 5s)
+    std::this_thread::sleep_for(5ms);
+  dec->shutdown();
+  std::lock_guard<std::mutex> lk(mu);
+  EXPECT_EQ(ends[1], std::vector<ReservationEnd>{ReservationEnd::kReleased});
+  EXPECT_TRUE(ends[2].empty());  // failed: never fenced
+  EXPECT_EQ(ends[3], std::vector<ReservationEnd>{ReservationEnd::kExpired});
+  EXPECT_EQ(ends[4], std::vector<ReservationEnd>{ReservationEnd::kShutdown});
+  EXPECT_EQ(dec->reserve_async(5, 16, 1s, fence(5), never).code(), StatusCode::kUnavailable);
 }
 
 }  // namespace
