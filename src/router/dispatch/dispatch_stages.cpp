@@ -83,6 +83,9 @@ void DispatchCall::start_reserve() {
   // A migration's prefill writes the KV of its resume tokens too.
   op->request.set_num_prompt_tokens(static_cast<int64_t>(prompt_.size() + resume_.size()));
   op->request.set_lease_ms(core_->options.lease.count());
+  // The decode worker takes the KV's notice only from the prefill worker chosen here.
+  op->request.set_expected_writer_engine(
+      workers_.prefill->transfer_engine_id.load(std::memory_order_relaxed));
   if (!arm(context_of(op), Stage::kReserve, std::chrono::milliseconds{0})) {
     end();
     return;

@@ -123,6 +123,7 @@ void WorkerPools::apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, Pro
     }
     m->info = std::move(r.info);
     m->has_info = true;
+    worker->transfer_engine_id.store(m->info.transfer_engine_id(), std::memory_order_relaxed);
     if (hash_block_size_ == 0) {
       hash_block_size_ = options_.prefix_block_size > 0 ? options_.prefix_block_size
                                                         : m->info.kv_layout().block_size();

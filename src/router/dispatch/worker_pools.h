@@ -44,6 +44,9 @@ struct WorkerEndpoint {
   std::unique_ptr<grpc::GenericStub> generic;  // grpc.health.v1.Health/Check
   // This router's requests using the worker now.
   std::atomic<int64_t> inflight{0};
+  // Its transfer engine's id (WorkerInfo), once a probe has fetched it; 0 before. A Reserve
+  // names the chosen prefill worker's so that the decode worker takes its notice only.
+  std::atomic<uint64_t> transfer_engine_id{0};
 };
 
 // What one probe of one worker found.

@@ -2,29 +2,41 @@
 
 namespace cleave::worker_service {
 
-uint64_t ReservationTable::add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease) {
+uint64_t ReservationTable::add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
+                               uint64_t writer) {
   std::lock_guard<std::mutex> lock(mu_);
   if (auto old = by_id_.find(id); old != by_id_.end()) erase_locked(old);  // a stale entry
   uint64_t tag = 0;
   do {
     tag = rng_();
   } while (tag == 0 || by_tag_.count(tag) != 0);
-  by_id_[id] = Entry{tag, num_tokens, lease, false, false, false};
+  by_id_[id] = Entry{tag, num_tokens, lease, writer, false, false, false};
   by_tag_[tag] = id;
   return tag;
 }
 
-bool ReservationTable::mark_filled(uint64_t tag) {
+ReservationTable::NoticeMatch ReservationTable::mark_filled(uint64_t tag, uint64_t from) {
+  NoticeMatch m;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto t = by_tag_.find(tag);
-    if (t == by_tag_.end()) return false;
+    if (t == by_tag_.end()) return m;
     Entry& e = by_id_.at(t->second);
-    if (e.expired) return false;  // its blocks are gone: the KV came too late
+    m.id = t->second;
+    if (e.expired) {  // its blocks are gone: the KV came too late
+      m.outcome = Notice::kExpired;
+      return m;
+    }
+    if (e.writer != 0 && from != e.writer) {
+      m.outcome = Notice::kWrongWriter;
+      m.expected = e.writer;
+      return m;
+    }
     e.filled = true;
+    m.outcome = Notice::kFilled;
   }
   notify();
-  return true;
+  return m;
 }
 
 bool ReservationTable::expire(RequestId id, uint64_t tag) {

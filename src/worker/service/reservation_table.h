@@ -25,12 +25,25 @@ class ReservationTable {
  public:
   // Records a reservation (the engine has already reserved its blocks) and returns its notice
   // tag: random, non-zero, unique among the table's entries. An entry already under `id` (a
-  // stale one) is replaced.
-  uint64_t add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease);
+  // stale one) is replaced. `writer`: the transfer engine id whose notice alone fills it (0:
+  // any engine's).
+  uint64_t add(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
+               uint64_t writer = 0);
 
-  // The notice with `tag` arrived: its reservation's KV is in place. false for an unknown tag
-  // (an expired, released or aborted reservation) or one whose lease ended.
-  bool mark_filled(uint64_t tag);
+  enum class Notice : uint8_t {
+    kFilled,       // the reservation's KV is in place
+    kUnknown,      // no entry has this tag (expired, released, aborted, or never made)
+    kExpired,      // its lease ended: its blocks are gone, the KV came too late
+    kWrongWriter,  // the tag is right but another engine sent it: refused, the entry waits on
+  };
+  struct NoticeMatch {
+    Notice outcome = Notice::kUnknown;
+    RequestId id = 0;       // the entry's request (kFilled, kExpired, kWrongWriter)
+    uint64_t expected = 0;  // its expected writer (kWrongWriter)
+  };
+  // A notice with `tag` came from engine `from`: fills its reservation when the tag and the
+  // writer match.
+  NoticeMatch mark_filled(uint64_t tag, uint64_t from);
 
   // The engine ended reservation `id` (tag `tag`) at the end of its lease: a claimed entry
   // answers kExpired to its Decode's next poll; an unclaimed one is dropped. false (nothing
@@ -80,6 +93,7 @@ class ReservationTable {
     uint64_t tag = 0;
     int64_t num_tokens = 0;
     std::chrono::milliseconds lease{0};
+    uint64_t writer = 0;  // the engine whose notice fills it; 0: any
     bool filled = false;
     bool expired = false;  // the engine ended it at the end of its lease
     bool claimed = false;  // a Decode waits on it

@@ -70,6 +70,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::GetInfo(grpc::CallbackServerContext* ctx,
     if (core_.transfer) {
       out->set_transfer_provider(core_.transfer->provider());
       out->set_transfer_address(core_.transfer->address());
+      out->set_transfer_engine_id(core_.transfer->engine_id());
     }
     out->set_max_context(core_.max_context);
     out->set_vocab_size(core_.vocab_size);

@@ -67,8 +67,9 @@ grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
       // A Decode waiting for this KV ends now with its "lease expired" outcome.
       if (how == ReservationEnd::kExpired) (void)table->expire(id, *tag);
     };
-    auto on_reserved = [this, reactor, out, revoke, key, tag, id, num_tokens,
-                        lease](Result<std::vector<BlockId>> blocks) {
+    const uint64_t writer = req->expected_writer_engine();
+    auto on_reserved = [this, reactor, out, revoke, key, tag, id, num_tokens, lease,
+                        writer](Result<std::vector<BlockId>> blocks) {
       const Status made = caught("Reserve", [&]() -> Status {
         if (!blocks.ok()) {
           revoke();
@@ -83,7 +84,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
         dest.model_fingerprint = core_.model_fingerprint;
         dest.blocks = std::move(*blocks);
         dest.lease = lease;
-        *tag = core_.reservations.add(id, num_tokens, lease);
+        *tag = core_.reservations.add(id, num_tokens, lease, writer);
         dest.notice_tag = *tag;
         to_proto(dest, out);
         log::debug("worker {}: reserved {} blocks for request {} ({} tokens, lease {} ms)",

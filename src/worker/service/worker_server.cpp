@@ -205,7 +205,14 @@ void WorkerServer::Impl::notice_loop() {
   while (!stop_notices.load(std::memory_order_acquire)) {
     Result<transfer::Notice> n = core.transfer->wait_notice(kWait);
     if (n.ok()) {
-      if (!core.reservations.mark_filled(n->tag)) {
+      using worker_service::ReservationTable;
+      const ReservationTable::NoticeMatch m = core.reservations.mark_filled(n->tag, n->from_engine);
+      if (m.outcome == ReservationTable::Notice::kWrongWriter) {
+        core.metrics.notices_unmatched->inc();
+        log::warn("worker {}: the notice of request {} came from engine {:016x}, not from the "
+                  "prefill worker's engine {:016x} it was reserved for: refused",
+                  core.id, m.id, n->from_engine, m.expected);
+      } else if (m.outcome != ReservationTable::Notice::kFilled) {
         core.metrics.notices_unmatched->inc();
         log::debug("worker {}: notice {:016x} from engine {:016x} matches no reservation "
                    "(expired, released or aborted)",

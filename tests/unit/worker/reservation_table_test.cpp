@@ -1,6 +1,7 @@
 // The decode worker's reservation table: notice tags (non-zero, unique, a stale entry
 // replaced), mark_filled of unknown and expired tags, the one-Decode claim, every poll outcome,
-// the engine telling it a lease ended (expire), remove, shutdown, and the listener.
+// the engine telling it a lease ended (expire), the expected writer, remove, shutdown, and
+// the listener.
 #include "worker/service/reservation_table.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,12 @@ namespace {
 
 using namespace std::chrono_literals;
 using Outcome = ReservationTable::Outcome;
+using Notice = ReservationTable::Notice;
+
+// A notice with `tag` from engine `from` filled its reservation.
+bool filled(ReservationTable& t, uint64_t tag, uint64_t from = 0) {
+  return t.mark_filled(tag, from).outcome == Notice::kFilled;
+}
 
 TEST(ReservationTableTest, TagsAreNonZeroAndUniqueAndAStaleEntryIsReplaced) {
   ReservationTable t;
@@ -30,7 +37,7 @@ TEST(ReservationTableTest, TagsAreNonZeroAndUniqueAndAStaleEntryIsReplaced) {
   ASSERT_EQ(before.outcome, Outcome::kFilled);
   const uint64_t fresh = t.add(7, 12, 2s);
   EXPECT_EQ(t.size(), 2000);
-  EXPECT_FALSE(t.mark_filled(before.tag));
+  EXPECT_FALSE(filled(t, before.tag));
   EXPECT_NE(fresh, before.tag);
   // The Decode that claimed the old one sees it ended.
   const auto old = t.poll(7, before, false);
@@ -45,14 +52,14 @@ TEST(ReservationTableTest, TagsAreNonZeroAndUniqueAndAStaleEntryIsReplaced) {
 
 TEST(ReservationTableTest, MarkFilledOfUnknownOrExpiredTagsIsRefused) {
   ReservationTable t;
-  EXPECT_FALSE(t.mark_filled(0));
-  EXPECT_FALSE(t.mark_filled(12345));
+  EXPECT_FALSE(filled(t, 0));
+  EXPECT_FALSE(filled(t, 12345));
   const uint64_t a = t.add(1, 4, 1s);
   const ReservationTable::Claim c = t.claim(1);
   ASSERT_EQ(c.outcome, Outcome::kFilled);
   EXPECT_FALSE(t.expire(1, a + 1));  // another tag: not this reservation
   EXPECT_TRUE(t.expire(1, a));
-  EXPECT_FALSE(t.mark_filled(a));  // its blocks are gone: too late
+  EXPECT_FALSE(filled(t, a));  // its blocks are gone: too late
   const auto taken = t.poll(1, c, false);
   ASSERT_TRUE(taken.has_value());
   EXPECT_EQ(taken->outcome, Outcome::kExpired);
@@ -61,9 +68,34 @@ TEST(ReservationTableTest, MarkFilledOfUnknownOrExpiredTagsIsRefused) {
   const uint64_t b = t.add(2, 4, 1s);
   EXPECT_TRUE(t.expire(2, b));
   EXPECT_EQ(t.size(), 0);
-  EXPECT_FALSE(t.mark_filled(b));
+  EXPECT_FALSE(filled(t, b));
   EXPECT_EQ(t.claim(2).outcome, Outcome::kNotFound);
   EXPECT_FALSE(t.expire(2, b));
+}
+
+// A reservation made for one prefill engine takes its notice from that engine only: the right
+// tag from another engine is refused and leaves the entry waiting; 0 takes any engine's.
+TEST(ReservationTableTest, ANoticeFromAnotherEngineThanTheExpectedWriterIsRefused) {
+  ReservationTable t;
+  const uint64_t a = t.add(1, 8, 1s, /*writer=*/0xabc);
+  const auto c = t.claim(1);
+  ASSERT_EQ(c.outcome, Outcome::kFilled);
+  const auto wrong = t.mark_filled(a, 0xdef);
+  EXPECT_EQ(wrong.outcome, Notice::kWrongWriter);
+  EXPECT_EQ(wrong.id, 1u);
+  EXPECT_EQ(wrong.expected, 0xabcu);
+  EXPECT_FALSE(t.poll(1, c, false).has_value()) << "a refused notice must not fill it";
+  EXPECT_TRUE(filled(t, a, 0xabc));
+  const auto got = t.poll(1, c, false);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->outcome, Outcome::kFilled);
+  const uint64_t b = t.add(2, 8, 1s);  // no expected writer
+  EXPECT_TRUE(filled(t, b, 0x123));
+  EXPECT_EQ(t.mark_filled(999, 0xabc).outcome, Notice::kUnknown);
+  const uint64_t d = t.add(3, 8, 1s, 0xabc);
+  ASSERT_EQ(t.claim(3).outcome, Outcome::kFilled);
+  ASSERT_TRUE(t.expire(3, d));
+  EXPECT_EQ(t.mark_filled(d, 0xabc).outcome, Notice::kExpired);
 }
 
 TEST(ReservationTableTest, OneDecodeClaimsAReservation) {
@@ -83,17 +115,17 @@ TEST(ReservationTableTest, PollTellsEachOutcomeOnceAndEndsTheEntry) {
   const uint64_t tag = t.add(1, 9, 1s);
   ReservationTable::Claim c = t.claim(1);
   EXPECT_FALSE(t.poll(1, c, false).has_value());
-  EXPECT_TRUE(t.mark_filled(tag));
+  EXPECT_TRUE(filled(t, tag));
   auto got = t.poll(1, c, false);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->outcome, Outcome::kFilled);
   EXPECT_EQ(got->num_tokens, 9);
   EXPECT_EQ(t.size(), 0);
-  EXPECT_FALSE(t.mark_filled(tag));  // used
+  EXPECT_FALSE(filled(t, tag));  // used
   // Filled wins over a client that is leaving at the same time.
   const uint64_t tag2 = t.add(2, 3, 1s);
   c = t.claim(2);
-  ASSERT_TRUE(t.mark_filled(tag2));
+  ASSERT_TRUE(filled(t, tag2));
   got = t.poll(2, c, true);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->outcome, Outcome::kFilled);
@@ -107,7 +139,7 @@ TEST(ReservationTableTest, PollTellsEachOutcomeOnceAndEndsTheEntry) {
   // Expired wins over filled: the engine has taken the blocks back.
   const uint64_t tag4 = t.add(4, 3, 1s);
   c = t.claim(4);
-  ASSERT_TRUE(t.mark_filled(tag4));
+  ASSERT_TRUE(filled(t, tag4));
   ASSERT_TRUE(t.expire(4, tag4));
   got = t.poll(4, c, false);
   ASSERT_TRUE(got.has_value());
@@ -146,7 +178,7 @@ TEST(ReservationTableTest, TheListenerHearsEveryChangeAPollCanSee) {
   t.set_listener([&] { heard.fetch_add(1); });
   const uint64_t a = t.add(1, 3, 1s);
   EXPECT_EQ(heard.load(), 0);  // adding changes nothing a waiter sees
-  ASSERT_TRUE(t.mark_filled(a));
+  ASSERT_TRUE(filled(t, a));
   EXPECT_EQ(heard.load(), 1);
   const uint64_t b = t.add(2, 3, 1s);
   ASSERT_EQ(t.claim(2).outcome, Outcome::kFilled);
@@ -154,7 +186,7 @@ TEST(ReservationTableTest, TheListenerHearsEveryChangeAPollCanSee) {
   EXPECT_EQ(heard.load(), 2);
   ASSERT_TRUE(t.remove(1));
   EXPECT_EQ(heard.load(), 3);
-  EXPECT_FALSE(t.mark_filled(999));
+  EXPECT_FALSE(filled(t, 999));
   EXPECT_FALSE(t.remove(999));
   EXPECT_EQ(heard.load(), 3);
   t.shutdown();
@@ -176,7 +208,7 @@ TEST(ReservationTableTest, ConcurrentNoticesAndPollsMatchEachReservationOnce) {
       if (i % 3 == 0) {
         EXPECT_TRUE(t.expire(static_cast<RequestId>(i), tags[i]));
       } else {
-        EXPECT_TRUE(t.mark_filled(tags[i]));
+        EXPECT_TRUE(filled(t, tags[i]));
       }
     }
   });

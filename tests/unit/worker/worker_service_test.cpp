@@ -609,6 +609,65 @@ TEST_F(WorkerServiceTest, ManyConcurrentStreamsHoldNoThreadEach) {
   expect_pool_back(*w.stub, "after the streams");
 }
 
+// A reservation names its writer: the KV's notice from the prefill worker chosen for it fills
+// it; the same notice from another engine than the one the Reserve named is refused (counted as
+// unmatched), so the Decode waits until the lease ends and fails, and the blocks come back.
+TEST_F(WorkerServiceTest, ANoticeFromAnEngineOtherThanTheExpectedWriterIsRefused) {
+  WorkerConfig dconfig = worker_config("decode");
+  dconfig.worker.lease_ms = 600;
+  std::string why;
+  Worker decode = start(dconfig, &why);
+  if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+  Worker prefill = start(worker_config("prefill"));
+  ASSERT_TRUE(prefill.server);
+  v1::WorkerInfo pinfo;
+  auto c0 = ctx();
+  ASSERT_TRUE(prefill.stub->GetInfo(c0.get(), v1::GetInfoRequest{}, &pinfo).ok());
+  ASSERT_NE(pinfo.transfer_engine_id(), 0u);
+  const auto prompt = mixed_prompts(*ref_->tok, 5)[4];
+  const SamplingParams p = greedy(6);
+  for (const bool right : {true, false}) {
+    const uint64_t id = right ? 900 : 901;
+    v1::ReserveRequest rreq;
+    rreq.set_request_id(id);
+    rreq.set_num_prompt_tokens(static_cast<int64_t>(prompt.size()));
+    rreq.set_expected_writer_engine(right ? pinfo.transfer_engine_id()
+                                          : pinfo.transfer_engine_id() ^ 0x5a5a);
+    v1::KvDestination dest;
+    auto rc = ctx();
+    ASSERT_TRUE(decode.stub->Reserve(rc.get(), rreq, &dest).ok());
+    v1::PrefillRequest preq;
+    preq.set_request_id(id);
+    preq.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());
+    to_proto(p, preq.mutable_params());
+    *preq.mutable_destination() = dest;
+    v1::PrefillResponse presp;
+    auto pc = ctx();
+    ASSERT_TRUE(prefill.stub->Prefill(pc.get(), preq, &presp).ok());
+    v1::DecodeRequest dreq;
+    dreq.set_request_id(id);
+    dreq.mutable_prompt_tokens()->Add(prompt.begin(), prompt.end());
+    to_proto(p, dreq.mutable_params());
+    dreq.set_first_token(presp.first().token());
+    auto dc = ctx();
+    auto reader = decode.stub->Decode(dc.get(), dreq);
+    Output out;
+    add_event(presp.first(), out);
+    read_stream(*reader, out);
+    if (right) {
+      expect_matches(out, reference(prompt, p), "the expected writer");
+    } else {
+      EXPECT_FALSE(out.status.ok()) << "a notice from another engine filled the reservation";
+      EXPECT_NE(out.status.error_message().find("lease"), std::string::npos)
+          << out.status.error_message();
+    }
+  }
+  const std::string m = metrics_text(*decode.stub);
+  EXPECT_NE(m.find("cleave:kv_notices_unmatched_total 1"), std::string::npos) << m;
+  expect_pool_back(*decode.stub, "decode");
+  expect_pool_back(*prefill.stub, "prefill");
+}
+
 // Prefill runs on the callback API: prefills waiting for the engine hold no thread each. The
 // prefill engine takes one sequence at a time, so that most of the calls wait at once.
 TEST_F(WorkerServiceTest, ManyConcurrentPrefillsHoldNoThreadEach) {
