@@ -25,6 +25,7 @@ struct NoticeWire {
   uint64_t magic;
   uint64_t from_engine;
   uint64_t tag;
+  uint64_t value;
 };
 inline constexpr uint64_t kNoticeMagic = 0x31454349544f4e43ull;  // "CNOTICE1"
 // A wake-up: "writes follow", so that a target whose provider reports no incoming writes
@@ -37,6 +38,7 @@ inline constexpr uint64_t kWakeMagic = 0x3150554b41574343ull;  // "CCWAKUP1"
 // process once an endpoint was left open on purpose.
 struct RailStorage {
   static constexpr int kNoticeBytes = 64;
+  static_assert(sizeof(NoticeWire) <= kNoticeBytes, "a notice fits its slot");
   static constexpr int kRecvSlots = 64;
   static constexpr int kSendSlots = 128;
   std::vector<char> recv_buf, send_buf;

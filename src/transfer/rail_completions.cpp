@@ -59,7 +59,7 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
       std::memcpy(&wire, storage_->recv_slot(op->slot), sizeof(wire));
       if (wire.magic == kNoticeMagic) {
         metrics_->add_notice_received();
-        on_notice_(Notice{wire.from_engine, wire.tag});
+        on_notice_(Notice{wire.from_engine, wire.tag, wire.value});
       } else if (wire.magic == kWakeMagic) {
         // Writes follow: handling this completion made the pass count as activity.
       } else {

@@ -234,7 +234,7 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
   set_posting_to(t->peer);
   ssize_t rc = 0;
   OpContext* op = send_wire(OpContext::Kind::kNotice,
-                            NoticeWire{kNoticeMagic, engine_id_, *t->notify_tag},
+                            NoticeWire{kNoticeMagic, engine_id_, *t->notify_tag, t->notify_value},
                             addr_of(t->peer.get()), &rc);
   set_posting_to(nullptr);
   if (rc == -FI_EAGAIN) {
@@ -279,7 +279,7 @@ void FabricRail::maybe_wake(PeerSlot& slot) {
   const auto now = pass_now_;
   if (now - slot.woken < hot / 2) return;
   ssize_t rc = 0;
-  OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0},
+  OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0, 0},
                             slot.addr, &rc);
   if (!op) return;  // no slot, -FI_EAGAIN or worse: the writes that follow will tell
   wakes_inflight_.insert(op);

@@ -249,7 +249,7 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
   return TransferHandle(state);
 }
 
-Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
+Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag, uint64_t value) {
   Impl& im = *impl_;
   CLEAVE_ASSIGN_OR_RETURN(auto peer, im.find_peer(peer_id));
   if (peer->unreachable.load()) {
@@ -262,6 +262,7 @@ Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag) {
   state->hot = std::chrono::microseconds(im.settings.idle_poll_us);
   state->peer = peer;
   state->notify_tag = tag;
+  state->notify_value = value;
   {
     std::lock_guard<std::mutex> lock(peer->mu);
     std::erase_if(peer->recent, [&](const std::weak_ptr<TransferState>& w) {

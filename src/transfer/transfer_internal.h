@@ -124,6 +124,7 @@ struct TransferState {
   uint64_t bytes = 0;
   Clock::time_point start = Clock::now();
   std::optional<uint64_t> notify_tag;
+  uint64_t notify_value = 0;  // what the notice carries beside its tag
   std::vector<std::shared_ptr<TransferState>> predecessors;  // notify(): wait for these
   std::atomic<int64_t> writes_left{0};
 

@@ -77,6 +77,7 @@ struct KvSender::State {
 
   std::atomic<bool> failed{false};
   std::atomic<bool> finishing{false};
+  std::atomic<bool> hold_notice{false};  // the notice waits for finish_async's value
   std::atomic<uint64_t> bytes{0};
 
   mutable std::mutex mu;  // never held across a transfer call
@@ -256,7 +257,8 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
       s.last_layer_done = now;
       // The whole prompt's KV is submitted: the notice goes now (ordered after every write),
       // not after the rest of the step, sampling and the RPC thread's finish().
-      send_notice = !s.notice && std::all_of(s.sent_until.begin(), s.sent_until.end(),
+      send_notice = !s.notice && !s.hold_notice.load(std::memory_order_acquire) &&
+                    std::all_of(s.sent_until.begin(), s.sent_until.end(),
                                              [&](int64_t u) { return u >= s.prompt_len; });
     }
   }
@@ -272,7 +274,9 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
   return true;
 }
 
-void KvSender::start_finish() {
+void KvSender::hold_notice() { state_->hold_notice.store(true, std::memory_order_release); }
+
+void KvSender::start_finish(uint64_t notice_value) {
   State& s = *state_;
   s.finishing.store(true, std::memory_order_release);
   bool send_notice = false;
@@ -293,7 +297,7 @@ void KvSender::start_finish() {
     }
   }
   if (send_notice) {
-    auto n = s.engine->notify(s.peer, s.dest.notice_tag);
+    auto n = s.engine->notify(s.peer, s.dest.notice_tag, notice_value);
     if (n.ok()) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.notice = std::move(*n);
@@ -373,8 +377,8 @@ void KvSender::when_all_done(std::function<void()> done) {
   join->arrive();
 }
 
-void KvSender::finish_async(std::function<void(Status)> done) {
-  start_finish();
+void KvSender::finish_async(std::function<void(Status)> done, uint64_t notice_value) {
+  start_finish(notice_value);
   auto self = shared_from_this();
   when_all_done([self, done = std::move(done)] {
     for (const auto& h : self->state_->all_handles()) {

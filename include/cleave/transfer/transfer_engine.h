@@ -60,6 +60,7 @@ struct Batch {
 struct Notice {
   uint64_t from_engine = 0;  // the sender's engine id
   uint64_t tag = 0;
+  uint64_t value = 0;        // notify()'s value: a word the notice carries (0 when none given)
 };
 
 struct TransferState;
@@ -123,8 +124,9 @@ class TransferEngine {
   // a bad batch returns an error and nothing is sent. Then coalesces adjacent writes, slices
   // them and queues the slices over the rails.
   Result<TransferHandle> submit(const Batch& batch);
-  // A notice ordered after every batch submitted to `peer` before this call.
-  Result<TransferHandle> notify(uint64_t peer, uint64_t tag);
+  // A notice ordered after every batch submitted to `peer` before this call, carrying `value`
+  // (e.g. the first token sampled after the KV it announces).
+  Result<TransferHandle> notify(uint64_t peer, uint64_t tag, uint64_t value = 0);
 
   // Notices received so far (and removes them); wait_notice blocks up to `timeout` for one.
   std::vector<Notice> take_notices();

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,6 +50,17 @@ void plan_kv_writes(const KvLayout& local, uint64_t local_region,
                     std::span<const BlockId> remote_blocks, int64_t layer, int64_t begin,
                     int64_t end, std::vector<transfer::WriteOp>& out);
 
+// The first token a notice carries to a decode worker whose Decode was opened before the
+// prefill ended (transfer::Notice::value): bit 32 marks a token, the low 32 bits hold it, so
+// that a notice without one (value 0) is told apart from token 0.
+inline uint64_t notice_value(int32_t first_token) {
+  return (uint64_t{1} << 32) | static_cast<uint32_t>(first_token);
+}
+inline std::optional<int32_t> token_of_notice_value(uint64_t value) {
+  if ((value >> 32) != 1) return std::nullopt;
+  return static_cast<int32_t>(static_cast<uint32_t>(value));
+}
+
 // The KvExportSink of one prefill request.
 //
 // on_layer_ready (engine thread) plans the layer's writes and submits them as one batch (no
@@ -81,13 +93,19 @@ class KvSender final : public KvExportSink, public std::enable_shared_from_this<
   // prefill that was cancelled or failed before finish(). true when nothing is in flight.
   bool drain(std::chrono::milliseconds timeout);
 
+  // Call before the engine gets the request: the last layer does not send the notice; the
+  // notice goes from finish_async(), carrying its value (the first token: notice_value()), so
+  // that a decode worker whose Decode is already open starts from it at once.
+  void hold_notice();
+
   // finish() and drain() without a waiting thread, for the Prefill reactor. Call them after the
   // engine's finished event (no batch is submitted after it). `done` runs once, when every
   // batch (and the notice) has ended: at once on this thread if they have, else on the thread
   // that ends the last of them (TransferHandle::on_done), so it must not block. Each transfer
   // ends within the transfer engine's completion timeout, so `done` always comes.
-  // finish_async: sends the notice as finish() does; `done` gets finish()'s result.
-  void finish_async(std::function<void(Status)> done);
+  // finish_async: sends the notice as finish() does, carrying `notice_value` when it goes from
+  // here (after hold_notice()); `done` gets finish()'s result.
+  void finish_async(std::function<void(Status)> done, uint64_t notice_value = 0);
   // when_drained: no notice; for a prefill that failed or was cancelled.
   void when_drained(std::function<void()> done);
 
@@ -104,8 +122,9 @@ class KvSender final : public KvExportSink, public std::enable_shared_from_this<
 
  private:
   KvSender() = default;
-  // Sends the notice unless it went or a layer is short (which it records as the failure).
-  void start_finish();
+  // Sends the notice (with `notice_value`) unless it went or a layer is short (which it records
+  // as the failure).
+  void start_finish(uint64_t notice_value = 0);
   // finish()'s result once every batch and the notice have ended.
   Status finished_result();
   void when_all_done(std::function<void()> done);

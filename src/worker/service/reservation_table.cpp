@@ -10,12 +10,13 @@ uint64_t ReservationTable::add(RequestId id, int64_t num_tokens, std::chrono::mi
   do {
     tag = rng_();
   } while (tag == 0 || by_tag_.count(tag) != 0);
-  by_id_[id] = Entry{tag, num_tokens, lease, writer, false, false, false};
+  by_id_[id] = Entry{tag, num_tokens, lease, writer, 0, false, false, false};
   by_tag_[tag] = id;
   return tag;
 }
 
-ReservationTable::NoticeMatch ReservationTable::mark_filled(uint64_t tag, uint64_t from) {
+ReservationTable::NoticeMatch ReservationTable::mark_filled(uint64_t tag, uint64_t from,
+                                                           uint64_t value) {
   NoticeMatch m;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -33,6 +34,7 @@ ReservationTable::NoticeMatch ReservationTable::mark_filled(uint64_t tag, uint64
       return m;
     }
     e.filled = true;
+    e.notice_value = value;
     m.outcome = Notice::kFilled;
   }
   notify();
@@ -80,6 +82,7 @@ std::optional<ReservationTable::Taken> ReservationTable::poll(RequestId id, cons
     taken.outcome = Outcome::kExpired;
   } else if (it->second.filled) {
     taken.outcome = Outcome::kFilled;
+    taken.notice_value = it->second.notice_value;
   } else if (give_up) {
     taken.outcome = Outcome::kGaveUp;
   } else {

@@ -41,9 +41,9 @@ class ReservationTable {
     RequestId id = 0;       // the entry's request (kFilled, kExpired, kWrongWriter)
     uint64_t expected = 0;  // its expected writer (kWrongWriter)
   };
-  // A notice with `tag` came from engine `from`: fills its reservation when the tag and the
-  // writer match.
-  NoticeMatch mark_filled(uint64_t tag, uint64_t from);
+  // A notice with `tag` came from engine `from`, carrying `value` (transfer::Notice::value):
+  // fills its reservation when the tag and the writer match; poll() hands the value on.
+  NoticeMatch mark_filled(uint64_t tag, uint64_t from, uint64_t value = 0);
 
   // The engine ended reservation `id` (tag `tag`) at the end of its lease: a claimed entry
   // answers kExpired to its Decode's next poll; an unclaimed one is dropped. false (nothing
@@ -63,6 +63,7 @@ class ReservationTable {
     Outcome outcome = Outcome::kNotFound;
     int64_t num_tokens = 0;
     std::chrono::milliseconds lease{0};
+    uint64_t notice_value = 0;  // what the filling notice carried (kFilled)
   };
   // Claims the reservation of `id` for one Decode: kFilled means "claimed" (poll() tells when
   // the KV is in place); kNotFound, kBusy (another Decode claimed it) and kShutdown are final.
@@ -94,6 +95,7 @@ class ReservationTable {
     int64_t num_tokens = 0;
     std::chrono::milliseconds lease{0};
     uint64_t writer = 0;  // the engine whose notice fills it; 0: any
+    uint64_t notice_value = 0;
     bool filled = false;
     bool expired = false;  // the engine ended it at the end of its lease
     bool claimed = false;  // a Decode waits on it

@@ -108,6 +108,8 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
                                                         req_.resume_tokens_size()));
     if (!sender.ok()) return sender.status().with_context(fmt::format("request {}", id_));
     kv_ = std::move(*sender);
+    // The Decode is open already: the notice waits for the first token and carries it.
+    if (req_.first_token_in_notice()) kv_->hold_notice();
     return Status::Ok();
   }
 
@@ -192,7 +194,8 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     first->clear_finish_reason();
     first->clear_stop_string();
     auto self = shared_from_this();
-    kv_->finish_async([self](Status s) { self->guarded([&] { self->transferred(s); }); });
+    kv_->finish_async([self](Status s) { self->guarded([&] { self->transferred(s); }); },
+                      notice_value(fin.token));
   }
 
   // OK when the computation produced the first token; else why it did not.

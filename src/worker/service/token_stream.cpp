@@ -298,6 +298,18 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     r.params = decode_.has_params() ? from_proto(decode_.params()) : SamplingParams{};
     r.prefilled = true;
     r.first_token = decode_.first_token();
+    if (decode_.first_token_from_notice()) {
+      const std::optional<int32_t> first = token_of_notice_value(taken->notice_value);
+      if (!first) {
+        (void)core_.engine->release_reservation(id_);
+        finish_now(FailedPrecondition(fmt::format(
+            "request {}: the Decode waits for the first token in the KV's notice, but the notice "
+            "carried none (the prefill worker was not asked to send it)",
+            id_)));
+        return false;
+      }
+      r.first_token = *first;
+    }
     r.resume_tokens.assign(decode_.resume_tokens().begin(), decode_.resume_tokens().end());
     if (static_cast<int64_t>(r.prompt.size() + r.resume_tokens.size()) != taken->num_tokens) {
       (void)core_.engine->release_reservation(id_);

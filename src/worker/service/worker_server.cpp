@@ -206,7 +206,7 @@ void WorkerServer::Impl::notice_loop() {
     Result<transfer::Notice> n = core.transfer->wait_notice(kWait);
     if (n.ok()) {
       using worker_service::ReservationTable;
-      const ReservationTable::NoticeMatch m = core.reservations.mark_filled(n->tag, n->from_engine);
+      const ReservationTable::NoticeMatch m = core.reservations.mark_filled(n->tag, n->from_engine, n->value);
       if (m.outcome == ReservationTable::Notice::kWrongWriter) {
         core.metrics.notices_unmatched->inc();
         log::warn("worker {}: the notice of request {} came from engine {:016x}, not from the "

@@ -102,8 +102,19 @@ TEST(TransferEngineTest, InProcessPairOverTcpWritesAndNotifies) {
   auto h2 = (*a)->notify(*peer, 78);
   ASSERT_TRUE(h2.ok());
   EXPECT_TRUE(h2->wait(std::chrono::seconds(10)).ok());
-  EXPECT_EQ((*b)->wait_notice(std::chrono::seconds(10))->tag, 78u);
-  EXPECT_EQ((*a)->metrics().peers.at((*b)->engine_id()).transfers, 2u);
+  auto n2 = (*b)->wait_notice(std::chrono::seconds(10));
+  ASSERT_TRUE(n2.ok());
+  EXPECT_EQ(n2->tag, 78u);
+  EXPECT_EQ(n2->value, 0u);
+  // A notice carries a word beside its tag (the prefill's first token).
+  auto h3 = (*a)->notify(*peer, 79, 0xfeedbeefcafe1234ull);
+  ASSERT_TRUE(h3.ok());
+  EXPECT_TRUE(h3->wait(std::chrono::seconds(10)).ok());
+  auto n3 = (*b)->wait_notice(std::chrono::seconds(10));
+  ASSERT_TRUE(n3.ok());
+  EXPECT_EQ(n3->tag, 79u);
+  EXPECT_EQ(n3->value, 0xfeedbeefcafe1234ull);
+  EXPECT_EQ((*a)->metrics().peers.at((*b)->engine_id()).transfers, 3u);
   EXPECT_EQ((*a)->connect("garbage").status().code(), StatusCode::kDataLoss);
 }
 

@@ -668,6 +668,67 @@ TEST_F(WorkerServiceTest, ANoticeFromAnEngineOtherThanTheExpectedWriterIsRefused
   expect_pool_back(*prefill.stub, "prefill");
 }
 
+// The Decode opened right after Reserve, before the prefill ran (first_token_from_notice): the
+// prefill's notice carries the first token, and the stream gives the rest of the reference
+// tokens. A prefill not asked to put the token in its notice leaves such a Decode with a clear
+// error, and the blocks come back either way.
+TEST_F(WorkerServiceTest, ADecodeOpenedBeforeThePrefillTakesTheFirstTokenFromTheNotice) {
+  std::string why;
+  Worker decode = start(worker_config("decode"), &why);
+  if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+  Worker prefill = start(worker_config("prefill"));
+  ASSERT_TRUE(prefill.server);
+  const auto prompts = mixed_prompts(*ref_->tok, 6);
+  for (const bool in_notice : {true, false}) {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (!in_notice && i > 0) break;
+      const uint64_t id = (in_notice ? 1200 : 1300) + i;
+      const SamplingParams p = greedy(9);
+      v1::KvDestination dest;
+      ASSERT_TRUE(reserve(*decode.stub, id, static_cast<int64_t>(prompts[i].size()), 0, &dest).ok());
+      v1::DecodeRequest dreq;
+      dreq.set_request_id(id);
+      dreq.mutable_prompt_tokens()->Add(prompts[i].begin(), prompts[i].end());
+      to_proto(p, dreq.mutable_params());
+      dreq.set_first_token_from_notice(true);
+      Output streamed;
+      std::thread reader_thread([&] {
+        auto dc = ctx();
+        auto reader = decode.stub->Decode(dc.get(), dreq);
+        read_stream(*reader, streamed);
+      });
+      v1::PrefillRequest preq;
+      preq.set_request_id(id);
+      preq.mutable_prompt_tokens()->Add(prompts[i].begin(), prompts[i].end());
+      to_proto(p, preq.mutable_params());
+      *preq.mutable_destination() = dest;
+      preq.set_first_token_in_notice(in_notice);
+      v1::PrefillResponse presp;
+      auto pc = ctx();
+      const grpc::Status ps = prefill.stub->Prefill(pc.get(), preq, &presp);
+      reader_thread.join();
+      ASSERT_TRUE(ps.ok()) << ps.error_message();
+      if (!in_notice) {
+        EXPECT_FALSE(streamed.status.ok());
+        EXPECT_NE(streamed.status.error_message().find("carried none"), std::string::npos)
+            << streamed.status.error_message();
+        continue;
+      }
+      Output out;
+      add_event(presp.first(), out);
+      out.tokens.insert(out.tokens.end(), streamed.tokens.begin(), streamed.tokens.end());
+      out.logprobs.insert(out.logprobs.end(), streamed.logprobs.begin(), streamed.logprobs.end());
+      out.text += streamed.text;
+      out.status = streamed.status;
+      out.finish_reason = streamed.finish_reason;
+      out.completion_tokens = streamed.completion_tokens;
+      expect_matches(out, reference(prompts[i], p), fmt::format("prompt {}", i));
+    }
+  }
+  expect_pool_back(*decode.stub, "decode");
+  expect_pool_back(*prefill.stub, "prefill");
+}
+
 // Prefill runs on the callback API: prefills waiting for the engine hold no thread each. The
 // prefill engine takes one sequence at a time, so that most of the calls wait at once.
 TEST_F(WorkerServiceTest, ManyConcurrentPrefillsHoldNoThreadEach) {
