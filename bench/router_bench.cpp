@@ -30,6 +30,13 @@
 //    Reports completed streams (200, [DONE], usage.completion_tokens == T), every kind of
 //    error, the peak of streams open at once, wall time, chunks/s, and the CPU seconds of the
 //    router, its HTTP I/O thread and the workers meanwhile (aim: 5,000 streams).
+// 3. Disaggregated hops (skip with --skip-disagg). One prefill and one decode worker, and two
+//    `cleave router --mode disaggregated` over them: router.early_decode=true (the Decode opens
+//    right after Reserve; the first token reaches the decode worker in the KV's notice) and
+//    =false (the Decode opens after the Prefill's answer came back to the router). N requests
+//    each, interleaved, through each router's gRPC API (Inference.Generate, one persistent
+//    channel each, the same token ids, greedy, max(M, 2) tokens): from the call to the first
+//    token and to the second. p50/p90/mean of each, and early - after at p50.
 //
 // Everything ends by the global deadline (S seconds, default 120): what is measured by then is
 // reported and the exit status is 1. Children get SIGKILL through PR_SET_PDEATHSIG if this
@@ -82,13 +89,14 @@ struct Options {
   std::string json;
   bool skip_ttft = false;
   bool skip_streams = false;
+  bool skip_disagg = false;
 };
 
 constexpr const char* kUsage =
     "usage: router_bench [--cleave PATH] [--model FILE] [--requests N] [--warmup W] "
     "[--max-tokens M] [--prompt-tokens P] [--streams C] [--stream-tokens T] "
     "[--workers K] [--worker-threads X] [--kv-cache-bytes B] [--max-connecting Q] "
-    "[--deadline S] [--json FILE] [--skip-ttft] [--skip-streams]";
+    "[--deadline S] [--json FILE] [--skip-ttft] [--skip-streams] [--skip-disagg]";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -111,6 +119,7 @@ Options parse(int argc, char** argv) {
     else if (f.is("--json")) o.json = f.value();
     else if (f.is("--skip-ttft")) o.skip_ttft = true;
     else if (f.is("--skip-streams")) o.skip_streams = true;
+    else if (f.is("--skip-disagg")) o.skip_disagg = true;
     else f.unknown();
   }
   std::error_code ec;
@@ -206,6 +215,13 @@ struct TtftFigures {
   std::string first_error;
 };
 
+// Section 3: one router's figures (seconds from the call).
+struct HopFigures {
+  Summary first, second, gap;  // first token, second token, second - first
+  int64_t errors = 0;
+  std::string first_error;
+};
+
 struct Run {
   Run(const Options& options, Clock::time_point until) : o(options), deadline(until) {}
   const Options& o;
@@ -217,6 +233,8 @@ struct Run {
   int64_t max_tokens_per_step = 0;
   int64_t kv_blocks = 0;  // per worker
   std::optional<TtftFigures> ttft;
+  std::optional<HopFigures> hops_early, hops_after;
+  std::string load_before_disagg;
   std::optional<cleave::bench::StreamLoadResult> streams;
   // CPU seconds spent during the stream load: the router process, its HTTP I/O thread, the
   // workers together.
@@ -286,22 +304,26 @@ struct Run {
     return true;
   }
 
-  // `cleave router --mode unified` over `addresses`; its HTTP port (and the gRPC API's) once
-  // /health answers 200.
+  // `cleave router --mode unified` over `addresses` (or, with `pools` set, the mode and pool
+  // settings given there); its HTTP port (and the gRPC API's) once /health answers 200.
   std::unique_ptr<ChildProcess> start_router(const std::vector<std::string>& addresses, int* port,
-                                             int* grpc_port = nullptr) {
+                                             int* grpc_port = nullptr,
+                                             std::vector<std::string> pools = {}) {
     std::string list;
     for (const auto& a : addresses) {
       if (!list.empty()) list += ',';
       list += a;
     }
-    std::vector<std::string> argv = {o.cleave, "router", "--mode", "unified", "--host",
+    const bool unified = pools.empty();
+    if (unified) pools = {"pools.unified.workers=" + list};
+    std::vector<std::string> argv = {o.cleave, "router", "--mode",
+                                     unified ? "unified" : "disaggregated", "--host",
                                      "127.0.0.1", "--port", "0", "--grpc-port", "0"};
     for (const auto& a : model_args()) argv.push_back(a);
-    for (const std::string& s :
-         {"pools.unified.workers=" + list, std::string("router.io_threads=1"),
-          fmt::format("router.max_queue={}", std::max<int64_t>(1024, o.streams + 64)),
-          std::string("log.level=warn")}) {
+    pools.push_back("router.io_threads=1");
+    pools.push_back(fmt::format("router.max_queue={}", std::max<int64_t>(1024, o.streams + 64)));
+    pools.push_back("log.level=warn");
+    for (const std::string& s : pools) {
       argv.push_back("--set");
       argv.push_back(s);
     }
@@ -468,6 +490,107 @@ struct Run {
     return true;
   }
 
+  // Section 3: a prefill and a decode worker, two routers over them (early_decode on and off).
+  bool measure_disaggregated() {
+    std::vector<std::unique_ptr<ChildProcess>> pd;
+    std::vector<std::string> addr;
+    for (const char* role : {"prefill", "decode"}) {
+      std::vector<std::string> argv = {o.cleave, "worker", "--role", role, "--id",
+                                       fmt::format("bench-{}", role), "--listen", "127.0.0.1:0"};
+      for (const auto& a : model_args()) argv.push_back(a);
+      for (const std::string& s : {fmt::format("engine.threads={}", o.worker_threads),
+                                   std::string("engine.kv_cache_bytes=268435456"),
+                                   std::string("log.level=warn")}) {
+        argv.push_back("--set");
+        argv.push_back(s);
+      }
+      std::string error;
+      auto child = ChildProcess::start(fmt::format("{} worker", role), argv, deadline, &error);
+      if (!child) return fail(error);
+      addr.push_back(child->listening_on());
+      pd.push_back(std::move(child));
+    }
+    struct Side {
+      std::unique_ptr<ChildProcess> router;
+      std::unique_ptr<cleave::v1::Inference::Stub> stub;
+      std::vector<double> first, second, gap;
+      HopFigures f;
+    } sides[2];  // 0: early_decode=true, 1: false
+    for (int k = 0; k < 2; ++k) {
+      int port = 0, grpc_port = 0;
+      sides[k].router = start_router({}, &port, &grpc_port,
+                                     {"pools.prefill.workers=" + addr[0],
+                                      "pools.decode.workers=" + addr[1],
+                                      std::string("router.early_decode=") + (k == 0 ? "true" : "false")});
+      if (!sides[k].router) return false;
+      sides[k].stub = cleave::v1::Inference::NewStub(grpc::CreateChannel(
+          fmt::format("127.0.0.1:{}", grpc_port), grpc::InsecureChannelCredentials()));
+    }
+    const int64_t max_tokens = std::max<int64_t>(o.max_tokens, 2);
+    auto run_one = [&](Side& side, int64_t i) {
+      const auto prompt = prompt_of(i, o.prompt_tokens, vocab);
+      cleave::v1::GenerateTextRequest req;
+      req.add_prompts()->mutable_token_ids()->mutable_ids()->Assign(prompt.begin(), prompt.end());
+      req.set_max_tokens(static_cast<int32_t>(max_tokens));
+      req.set_temperature(0);
+      req.set_ignore_eos(true);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(wall_clock(std::min(deadline, Clock::now() + std::chrono::seconds(20))));
+      const auto t0 = Clock::now();
+      auto reader = side.stub->Generate(&ctx, req);
+      cleave::v1::GenerateTextResponse msg;
+      double first = -1, second = -1;
+      int64_t tokens = 0;
+      while (reader->Read(&msg)) {
+        for (const auto& d : msg.choices()) {
+          for (int j = 0; j < d.token_ids_size(); ++j) {
+            const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+            if (tokens == 0) first = t;
+            if (tokens == 1) second = t;
+            ++tokens;
+          }
+        }
+      }
+      const grpc::Status s = reader->Finish();
+      if (!s.ok() || tokens != max_tokens || second < 0) {
+        ++side.f.errors;
+        if (side.f.first_error.empty()) {
+          side.f.first_error = fmt::format("request {}: {} ({} tokens)", i,
+                                           s.ok() ? "OK" : s.error_message(), tokens);
+        }
+        return std::pair<double, double>{-1, -1};
+      }
+      return std::pair<double, double>{first, second};
+    };
+    const int64_t total = o.warmup + o.requests;
+    for (int64_t i = 0; i < total && Clock::now() < deadline; ++i) {
+      for (int k = 0; k < 2; ++k) {
+        Side& side = sides[(i + k) % 2];  // alternate which router goes first
+        const auto [first, second] = run_one(side, (1ll << 40) + i);
+        if (i < o.warmup || first < 0) continue;
+        side.first.push_back(first);
+        side.second.push_back(second);
+        side.gap.push_back(second - first);
+      }
+    }
+    for (int k = 0; k < 2; ++k) {
+      Side& s = sides[k];
+      s.f.first = summarize(s.first);
+      s.f.second = summarize(s.second);
+      s.f.gap = summarize(s.gap);
+    }
+    hops_early = sides[0].f;
+    hops_after = sides[1].f;
+    const auto n0 = static_cast<int64_t>(sides[0].first.size());
+    const auto n1 = static_cast<int64_t>(sides[1].first.size());
+    if (n0 != o.requests || n1 != o.requests) {
+      return fail(fmt::format("disaggregated: {} early and {} after-prefill requests of {} measured "
+                              "(first errors: {} / {})",
+                              n0, n1, o.requests, sides[0].f.first_error, sides[1].f.first_error));
+    }
+    return true;
+  }
+
   bool measure_streams() {
     int port = 0;
     auto router = start_router(worker_addresses, &port);
@@ -547,6 +670,24 @@ void report(const Run& run) {
                "over {:.2f} s\n", run.router_cpu_s, run.router_io_cpu_s, run.workers_cpu_s, s.wall_seconds);
     if (!s.first_error.empty()) fmt::print("  first error: {}\n", s.first_error);
   }
+  if (run.hops_early && run.hops_after) {
+    const HopFigures& e = *run.hops_early;
+    const HopFigures& a = *run.hops_after;
+    fmt::print("Disaggregated hops (1 prefill + 1 decode worker, {} requests per router after {} "
+               "warm-up, {} prompt tokens, router gRPC API; load {})\n",
+               o.requests, o.warmup, o.prompt_tokens, run.load_before_disagg);
+    fmt::print("  {:26} {:>11} {:>11} {:>11}  n\n", "", "p50", "p90", "mean");
+    for (const auto& [name, s] :
+         {std::pair{"TTFT early_decode", &e.first}, std::pair{"TTFT after prefill", &a.first},
+          std::pair{"2nd token early_decode", &e.second},
+          std::pair{"2nd token after prefill", &a.second},
+          std::pair{"gap early_decode", &e.gap}, std::pair{"gap after prefill", &a.gap}}) {
+      fmt::print("  {:26} {} {} {}  {}\n", name, ms(s->p50), ms(s->p90), ms(s->mean), s->n);
+    }
+    fmt::print("  early - after at p50: TTFT {}, 2nd token {}, gap {}; errors {} / {}\n",
+               ms(e.first.p50 - a.first.p50), ms(e.second.p50 - a.second.p50),
+               ms(e.gap.p50 - a.gap.p50), e.errors, a.errors);
+  }
   fmt::print("load after: {}\n", run.load_after);
   if (!run.failure.empty()) fmt::print(stderr, "router_bench: {}\n", run.failure);
 }
@@ -573,6 +714,16 @@ bool write_json(const Run& run) {
         (f.router.p99 - f.direct.p99) * 1e3, (f.grpc.p50 - f.direct.p50) * 1e3,
         (f.grpc.p99 - f.direct.p99) * 1e3, f.router.p99 - f.direct.p99 <= 1e-3 ? "true" : "false",
         f.errors);
+  }
+  if (run.hops_early && run.hops_after) {
+    const HopFigures& e = *run.hops_early;
+    const HopFigures& a = *run.hops_after;
+    j += fmt::format(
+        ", \"disaggregated\": {{\"early_decode\": {{\"ttft\": {}, \"second_token\": {}, "
+        "\"gap\": {}, \"errors\": {}}}, \"after_prefill\": {{\"ttft\": {}, "
+        "\"second_token\": {}, \"gap\": {}, \"errors\": {}}}}}",
+        summary_json(e.first), summary_json(e.second), summary_json(e.gap), e.errors,
+        summary_json(a.first), summary_json(a.second), summary_json(a.gap), a.errors);
   }
   if (run.streams) {
     const auto& s = *run.streams;
@@ -627,8 +778,10 @@ int main(int argc, char** argv) {
   if (run.start_workers()) {
     run.load_before_ttft = load_average();
     const bool ttft_ok = o.skip_ttft || run.measure_ttft();
+    run.load_before_disagg = load_average();
+    const bool disagg_ok = !ttft_ok || o.skip_disagg || run.measure_disaggregated();
     run.load_before_streams = load_average();
-    if (ttft_ok && !o.skip_streams) (void)run.measure_streams();
+    if (ttft_ok && disagg_ok && !o.skip_streams) (void)run.measure_streams();
   }
   run.load_after = load_average();
   report(run);

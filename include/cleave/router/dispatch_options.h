@@ -90,6 +90,9 @@ struct DispatcherOptions {
   // each is a new attempt on workers not tried before, resuming from the tokens delivered so far
   // (dispatcher.h). 0: such a stream ends with an error.
   int max_migrations = 2;
+  // Disaggregated: the Decode stream opens right after Reserve, beside the Prefill (its first
+  // token comes in the KV's notice; dispatch_call.h); false: after the Prefill's answer.
+  bool early_decode = true;
   DispatchTimeouts timeouts;
   // Lease of a decode reservation (0: the worker's default).
   std::chrono::milliseconds lease{0};

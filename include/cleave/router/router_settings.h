@@ -21,6 +21,9 @@ struct RouterSettings {
   // Times a started stream whose worker fails moves to other workers, resuming from the tokens
   // it delivered (the client sees a pause); 0: it ends with an error event.
   int64_t max_migrations = 2;
+  // Disaggregated: open the Decode stream right after Reserve, beside the Prefill; the first
+  // token reaches the decode worker in the KV's notice instead of through the router.
+  bool early_decode = true;
   int64_t io_threads = 1;                    // HTTP I/O threads
   std::string mode = "disaggregated";        // unified | disaggregated
   std::string policy_prefill = "prefix_aware";  // round_robin | least_loaded | prefix_aware

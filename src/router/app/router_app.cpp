@@ -82,6 +82,7 @@ Result<DispatcherOptions> dispatcher_options_from_config(const RouterSettings& r
   o.probe_failures = static_cast<int>(r.health_failures);
   o.queue_limit = r.max_queue;
   o.max_migrations = static_cast<int>(r.max_migrations);
+  o.early_decode = r.early_decode;
   const std::chrono::milliseconds first_token(r.request_timeout_ms);
   o.timeouts.prefill = first_token;
   o.timeouts.first_token = first_token;

@@ -31,6 +31,11 @@ void register_router_settings(RouterSettings& rs, SettingsRegistry& r) {
             "moves to other workers, resuming from the tokens it sent (the client sees a pause, "
             "not an error); 0: such a stream ends with an error event.",
             0, 100, "--max-migrations");
+  r.add_bool("router.early_decode", &rs.early_decode,
+             "Disaggregated: open the Decode stream right after Reserve, beside the Prefill, so "
+             "that the first token reaches the decode worker in the KV's notice and the second "
+             "token does not wait for a router round trip; false: Decode after the Prefill "
+             "answered.");
   r.add_int("router.io_threads", &rs.io_threads, "HTTP I/O threads of the router.", 1, 256);
   r.add_enum("router.mode", &rs.mode, {"unified", "disaggregated"},
              "Pools: unified workers only, or a prefill pool and a decode pool.", "--mode");

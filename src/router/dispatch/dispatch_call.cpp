@@ -161,12 +161,12 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
     ++migrations_;
     log::info("dispatch: request attempt {} failed after {} tokens ({}); migrating to {} "
               "(migration {} of {})",
-              attempt_, delivered_tokens_.size(), error.to_string(), where, migrations_,
+              attempt_.load(), delivered_tokens_.size(), error.to_string(), where, migrations_,
               core_->options.max_migrations);
     if (core_->migrations_resumed) core_->migrations_resumed->inc();
   } else {
     log::info("dispatch: request attempt {} failed before its first token ({}); retrying on {}",
-              attempt_, error.to_string(), where);
+              attempt_.load(), error.to_string(), where);
     if (core_->retries) core_->retries->inc();
   }
   begin_attempt(std::move(*next));
@@ -268,18 +268,20 @@ void DispatchCall::unhold_all() {
 }
 
 void DispatchCall::stop_in_flight() {
-  std::shared_ptr<grpc::ClientContext> ctx;
+  std::shared_ptr<grpc::ClientContext> ctx, early;
   Assignment workers;
   uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return;
     ctx = active_;
+    early = early_ctx_;  // an early Decode beside the Prefill in flight
     workers = workers_;
     id = id_;
   }
   // Outside the lock: gRPC may run the completion of the cancelled call right here.
   if (ctx) ctx->TryCancel();
+  if (early && early != ctx) early->TryCancel();
   if (workers.unified) abort_on(workers.unified, id);
   if (workers.prefill) abort_on(workers.prefill, id);
   if (workers.decode) abort_on(workers.decode, id);

@@ -8,6 +8,13 @@
 //                   -> the first token to the observer
 //                   -> decode.Decode (stream), unless the first token finished the request
 //                                                           deadline: stream_idle per event
+//   early decode (options.early_decode, the default): the Decode opens right after Reserve,
+//                   beside the Prefill; the prefill's notice carries the first token to the
+//                   decode worker, so the second token does not wait for a router round trip.
+//                   The stream's events and its end are held back ("gated") until the Prefill's
+//                   answer has delivered the first token, then go out in order; the stream's
+//                   idle deadline starts then. A Prefill that fails or ends the request cancels
+//                   the stream; a stream of an earlier attempt is ignored when it ends.
 // A prefill that fails or finishes the request releases the reservation. A failure before any
 // event went to the observer is retried on workers not tried yet (max_attempts in all); after
 // one, it is migrated (max_migrations in all): a new attempt on workers not tried yet whose
@@ -138,11 +145,20 @@ class DispatchCall final : public DispatchHandle,
     field->Assign(resume_.begin(), resume_.end());
   }
   void start_reserve();
-  void start_prefill(v1::KvDestination destination);
+  void start_prefill(v1::KvDestination destination, bool early);
+  // first_token < 0: an early Decode (its first token comes in the notice), gated.
   void start_decode(int32_t first_token);
+  // The Prefill delivered the first token: the early stream's held-back events go out in
+  // order, then its end if it came; afterwards its events go out as they come.
+  void open_gate();
+  // An early stream the Prefill's outcome makes useless: cancelled, its end ignored.
+  void drop_early_stream();
   void start_generate();
   void on_stream_event(TokenStream& stream, v1::TokenEvent& event);
   void on_stream_done(TokenStream& stream, const grpc::Status& status, bool finished_seen);
+  // A stream's end as the request's flow acts on it (at once, or after the gate opened).
+  void stream_ended(const std::shared_ptr<WorkerEndpoint>& worker, const char* rpc, uint64_t id,
+                    const grpc::Status& status, bool finished_seen);
   // Best-effort clean-up RPCs; their failures are logged.
   void abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id);
   void release_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id);
@@ -168,7 +184,7 @@ class DispatchCall final : public DispatchHandle,
   // without the lock by that flow and under it by cancel() and the watchdog.
   std::mutex mu_;
   Stage stage_ = Stage::kIdle;
-  int attempt_ = 0;
+  std::atomic<int> attempt_{0};  // read by stream callbacks of earlier attempts too
   int migrations_ = 0;  // attempts begun after the first token went out
   uint64_t id_ = 0;  // the worker-side request id of the current attempt
   std::vector<int32_t> resume_;  // the current attempt's resume tokens (delivered before it)
@@ -178,6 +194,18 @@ class DispatchCall final : public DispatchHandle,
   std::vector<uint64_t> excluded_;        // workers that failed this request
   std::shared_ptr<grpc::ClientContext> active_;
   std::string timeout_reason_;
+  // The early Decode of the current attempt (null when none) and its gate.
+  struct GatedEnd {
+    std::shared_ptr<WorkerEndpoint> worker;
+    uint64_t id = 0;
+    grpc::Status status;
+    bool finished_seen = false;
+  };
+  std::shared_ptr<grpc::ClientContext> early_ctx_;
+  std::atomic<int> early_attempt_{0};       // the attempt it belongs to; 0: dropped
+  std::atomic<bool> gate_closed_{false};     // its events are held back
+  std::vector<v1::TokenEvent> gated_events_;  // under mu_
+  std::optional<GatedEnd> gated_end_;         // under mu_
   bool ended_ = false;
   int64_t cached_prompt_tokens_ = 0;  // the prefill's, for the finished event's usage
   std::atomic<int64_t> watch_deadline_ns_{0};  // steady clock; 0: no watchdog deadline

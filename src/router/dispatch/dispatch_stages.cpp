@@ -44,8 +44,8 @@ Status rpc_error(const WorkerEndpoint& worker, const char* rpc, const grpc::Stat
 class TokenStream final : public grpc::ClientReadReactor<v1::TokenEvent> {
  public:
   TokenStream(std::shared_ptr<DispatchCall> c, std::shared_ptr<WorkerEndpoint> w, const char* r,
-              uint64_t request_id)
-      : call(std::move(c)), worker(std::move(w)), rpc(r), id(request_id) {}
+              uint64_t request_id, int attempt_no)
+      : call(std::move(c)), worker(std::move(w)), rpc(r), id(request_id), attempt(attempt_no) {}
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream is over; OnDone follows
@@ -68,6 +68,8 @@ class TokenStream final : public grpc::ClientReadReactor<v1::TokenEvent> {
   const std::shared_ptr<WorkerEndpoint> worker;
   const char* const rpc;
   const uint64_t id;
+  const int attempt;  // of the DispatchCall
+  bool early = false;  // an early Decode (gated until the Prefill's first token went out)
   // Shared: cancel() and the watchdog may still hold it for TryCancel after the stream is gone.
   const std::shared_ptr<grpc::ClientContext> ctx = std::make_shared<grpc::ClientContext>();
   v1::DecodeRequest decode_request;
@@ -105,11 +107,16 @@ void DispatchCall::start_reserve() {
           self->attempt_failed(decode, rpc_error(*decode, "Reserve", s));
           return;
         }
-        self->start_prefill(std::move(op->response));
+        if (self->core_->options.early_decode) {
+          self->start_decode(-1);  // opens now; its first token comes in the notice
+          self->start_prefill(std::move(op->response), true);
+        } else {
+          self->start_prefill(std::move(op->response), false);
+        }
       });
 }
 
-void DispatchCall::start_prefill(v1::KvDestination destination) {
+void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
   const auto& t = core_->options.timeouts;
   auto op = unary_op<v1::PrefillRequest, v1::PrefillResponse>(t.prefill);
   op->request.set_request_id(id_);
@@ -117,26 +124,30 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
   set_resume(op->request.mutable_resume_tokens());
   *op->request.mutable_params() = params_;
   *op->request.mutable_destination() = std::move(destination);
+  op->request.set_first_token_in_notice(early);
   if (!arm(context_of(op), Stage::kPrefill, std::chrono::milliseconds{0})) {
+    drop_early_stream();
     release_on(workers_.decode, id_);
     end();
     return;
   }
   auto self = shared_from_this();
   workers_.prefill->stub->async()->Prefill(
-      &op->ctx, &op->request, &op->response, [self, op](grpc::Status s) {
+      &op->ctx, &op->request, &op->response, [self, op, early](grpc::Status s) {
         (void)self->disarm();
         const auto& prefill = self->workers_.prefill;
         const auto& decode = self->workers_.decode;
         const uint64_t id = op->request.request_id();
         self->unhold(prefill);
         if (self->cancelled()) {
+          self->drop_early_stream();
           self->abort_on(prefill, id);
           self->abort_on(decode, id);
           self->end();
           return;
         }
         if (!s.ok()) {
+          self->drop_early_stream();
           // A prefill that outlived our deadline may still be running there.
           if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) self->abort_on(prefill, id);
           self->release_on(decode, id);
@@ -174,32 +185,52 @@ void DispatchCall::start_prefill(v1::KvDestination destination) {
         const bool delivered = self->deliver(first);
         if (first.finished()) {
           // Nothing was written for the decode side: its blocks go back at once.
+          self->drop_early_stream();
           self->release_on(decode, id);
           self->end();
           return;
         }
         if (!delivered) {  // cancelled meanwhile
+          self->drop_early_stream();
           self->abort_on(decode, id);
           self->end();
           return;
         }
-        self->start_decode(first.token());
+        if (early) {
+          self->open_gate();
+        } else {
+          self->start_decode(first.token());
+        }
       });
 }
 
 void DispatchCall::start_decode(int32_t first_token) {
   const auto& t = core_->options.timeouts;
-  auto* s = new TokenStream(shared_from_this(), workers_.decode, "Decode", id_);
+  auto* s = new TokenStream(shared_from_this(), workers_.decode, "Decode", id_, attempt_);
   s->decode_request.set_request_id(id_);
   s->decode_request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
   set_resume(s->decode_request.mutable_resume_tokens());
   *s->decode_request.mutable_params() = params_;
-  s->decode_request.set_first_token(first_token);
-  if (!arm(s->ctx, Stage::kDecode, t.stream_idle)) {
-    abort_on(workers_.decode, id_);
-    delete s;
-    end();
-    return;
+  if (first_token < 0) {
+    // Early: not the RPC in flight yet (the Prefill is); open_gate() arms it.
+    s->decode_request.set_first_token_from_notice(true);
+    s->early = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      early_ctx_ = s->ctx;
+      early_attempt_ = attempt_.load();
+      gated_events_.clear();
+      gated_end_.reset();
+      gate_closed_.store(true, std::memory_order_release);
+    }
+  } else {
+    s->decode_request.set_first_token(first_token);
+    if (!arm(s->ctx, Stage::kDecode, t.stream_idle)) {
+      abort_on(workers_.decode, id_);
+      delete s;
+      end();
+      return;
+    }
   }
   workers_.decode->stub->async()->Decode(s->ctx.get(), &s->decode_request, s);
   s->StartRead(&s->event);
@@ -208,7 +239,7 @@ void DispatchCall::start_decode(int32_t first_token) {
 
 void DispatchCall::start_generate() {
   const auto& t = core_->options.timeouts;
-  auto* s = new TokenStream(shared_from_this(), workers_.unified, "Generate", id_);
+  auto* s = new TokenStream(shared_from_this(), workers_.unified, "Generate", id_, attempt_);
   s->generate_request.set_request_id(id_);
   s->generate_request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
   set_resume(s->generate_request.mutable_resume_tokens());
@@ -223,7 +254,72 @@ void DispatchCall::start_generate() {
   s->StartCall();
 }
 
+void DispatchCall::open_gate() {
+  std::shared_ptr<grpc::ClientContext> ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx = early_ctx_;
+  }
+  if (!ctx || !arm(ctx, Stage::kDecode, core_->options.timeouts.stream_idle)) {
+    drop_early_stream();
+    abort_on(workers_.decode, id_);
+    end();
+    return;
+  }
+  // Held-back events go out in order; events that come meanwhile join the queue, so the gate
+  // opens only once it is empty (the stream's own thread then delivers directly).
+  std::vector<v1::TokenEvent> batch;
+  std::optional<GatedEnd> done;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch.swap(gated_events_);
+      if (batch.empty()) {
+        done = std::move(gated_end_);
+        gated_end_.reset();
+        gate_closed_.store(false, std::memory_order_release);
+        break;
+      }
+    }
+    for (v1::TokenEvent& ev : batch) {
+      attempt_streamed_.store(true, std::memory_order_relaxed);
+      if (ev.finished() && ev.has_usage()) {
+        ev.mutable_usage()->set_cached_prompt_tokens(cached_prompt_tokens_);
+      }
+      (void)deliver(ev);
+    }
+    batch.clear();
+  }
+  if (done) stream_ended(done->worker, "Decode", done->id, done->status, done->finished_seen);
+}
+
+void DispatchCall::drop_early_stream() {
+  std::shared_ptr<grpc::ClientContext> ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx = std::move(early_ctx_);
+    early_ctx_.reset();
+    gated_events_.clear();
+    gated_end_.reset();
+    // Its events and its end, when they come, are ignored: early_attempt_ names no live stream.
+    early_attempt_.store(0, std::memory_order_release);
+    gate_closed_.store(false, std::memory_order_release);
+  }
+  if (ctx) ctx->TryCancel();
+}
+
 void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
+  if (stream.attempt != attempt_.load(std::memory_order_acquire)) return;  // an earlier attempt's
+  if (stream.early) {
+    if (stream.attempt != early_attempt_.load(std::memory_order_acquire)) return;  // dropped
+    if (gate_closed_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (gate_closed_.load(std::memory_order_relaxed)) {
+        gated_events_.push_back(event);
+        return;
+      }
+    }
+  }
   // Every event moves the idle deadline (unless the watchdog has already fired).
   const int64_t next = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            (Clock::now() + core_->options.timeouts.stream_idle).time_since_epoch())
@@ -242,17 +338,34 @@ void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
 
 void DispatchCall::on_stream_done(TokenStream& stream, const grpc::Status& status,
                                   bool finished_seen) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool early = stream.early;
+    if (early && (stream.attempt != early_attempt_.load() || ended_)) {
+      return;  // dropped (the Prefill failed or ended the request) or of an earlier attempt
+    }
+    if (early && gate_closed_.load(std::memory_order_relaxed)) {
+      // The first token has not gone out yet: its end waits for it.
+      gated_end_ = GatedEnd{stream.worker, stream.id, status, finished_seen};
+      return;
+    }
+  }
+  stream_ended(stream.worker, stream.rpc, stream.id, status, finished_seen);
+}
+
+void DispatchCall::stream_ended(const std::shared_ptr<WorkerEndpoint>& worker, const char* rpc,
+                                uint64_t id, const grpc::Status& status, bool finished_seen) {
   const std::string timeout = disarm();
-  unhold(stream.worker);
+  unhold(worker);
   if (cancelled()) {
-    abort_on(stream.worker, stream.id);
+    abort_on(worker, id);
     end();
     return;
   }
   if (finished_seen) {
     if (!status.ok()) {
       log::debug("dispatch: worker {}: {}: request {} ended {} after its finished event",
-                 stream.worker->address, stream.rpc, stream.id, status.error_message());
+                 worker->address, rpc, id, status.error_message());
     }
     end();
     return;
@@ -260,12 +373,12 @@ void DispatchCall::on_stream_done(TokenStream& stream, const grpc::Status& statu
   Status error = !timeout.empty() ? DeadlineExceeded(timeout)
                  : status.ok()    ? Internal(fmt::format("worker {}: {}: the stream ended "
                                                          "without a finished event",
-                                                         stream.worker->address, stream.rpc))
-                                  : rpc_error(*stream.worker, stream.rpc, status);
+                                                         worker->address, rpc))
+                                  : rpc_error(*worker, rpc, status);
   // The worker may still be running it (a timeout, a broken stream): make sure it stops.
-  abort_on(stream.worker, stream.id);
+  abort_on(worker, id);
   // Before the first token: a retry; after it: a migration from the tokens delivered so far.
-  attempt_failed(stream.worker, std::move(error));
+  attempt_failed(worker, std::move(error));
 }
 
 void DispatchCall::abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {

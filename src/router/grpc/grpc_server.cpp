@@ -87,12 +87,17 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateTextRespo
     {
       std::lock_guard<std::mutex> lk(mu_);
       writing_ = false;
+      if (!ok) client_gone_ = true;
     }
     if (!ok && exchange_) exchange_->cancel();  // the client is gone
     pump();
   }
 
   void OnCancel() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      client_gone_ = true;
+    }
     if (exchange_) exchange_->cancel();
     pump();
   }
@@ -186,7 +191,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateTextRespo
           break;
         case ExchangeState::kCancelled:
           finishing_ = true;
-          status = ctx_->IsCancelled()
+          // A failed write means the client went away too, even where IsCancelled() does not
+          // say so yet: counted CANCELLED, not as a router shutting down.
+          status = client_gone_ || ctx_->IsCancelled()
                        ? grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled")
                        : grpc::Status(grpc::StatusCode::UNAVAILABLE, "the router is shutting down");
           action = Action::kFinish;
@@ -215,6 +222,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateTextRespo
   ExchangeOutput out_;                  // the message being written (only when !writing_)
   bool writing_ = false;
   bool finishing_ = false;
+  bool client_gone_ = false;  // a write failed or OnCancel came
   bool done_ = false;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
 };

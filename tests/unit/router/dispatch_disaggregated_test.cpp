@@ -49,11 +49,13 @@ Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt, const Sampli
   return s;
 }
 
+// Both orders of the stages: the Decode opened right after Reserve (early_decode, its first
+// token in the KV's notice) and the Decode opened after the Prefill's answer.
 class DispatchPairTest : public DispatchDisaggregatedTest,
-                         public ::testing::WithParamInterface<const char*> {};
+                         public ::testing::WithParamInterface<std::tuple<const char*, bool>> {};
 
 TEST_P(DispatchPairTest, PrefillPlusDecodeGiveGeneratorsTokens) {
-  const std::string provider = GetParam();
+  const std::string provider = std::get<0>(GetParam());
   std::string why;
   TestWorker decode = start_worker(worker_config("decode", synth_path(), provider), &why);
   if (!decode.server) GTEST_SKIP() << provider << " unavailable: " << why;
@@ -62,6 +64,7 @@ TEST_P(DispatchPairTest, PrefillPlusDecodeGiveGeneratorsTokens) {
   metrics::MetricsRegistry registry;
   DispatcherOptions o = disaggregated({prefill.address}, {decode.address});
   o.metrics = &registry;
+  o.early_decode = std::get<1>(GetParam());
   auto d = make_dispatcher(o);
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   ASSERT_TRUE((*d)->wait_ready(10s));
@@ -121,9 +124,14 @@ TEST_F(DispatchDisaggregatedTest, RepeatedPromptReportsThePrefillsCachedTokens) 
   expect_blocks_back(*decode.client, "decode");
 }
 
-INSTANTIATE_TEST_SUITE_P(Providers, DispatchPairTest, ::testing::Values("tcp;ofi_rxm", "shm"),
+INSTANTIATE_TEST_SUITE_P(Providers, DispatchPairTest,
+                         ::testing::Combine(::testing::Values("tcp;ofi_rxm", "shm"),
+                                            ::testing::Bool()),
                          [](const auto& info) {
-                           return std::string(info.param) == "shm" ? "shm" : "tcp";
+                           return std::string(std::string(std::get<0>(info.param)) == "shm"
+                                                  ? "shm"
+                                                  : "tcp") +
+                                  (std::get<1>(info.param) ? "_early" : "_after_prefill");
                          });
 
 TEST_F(DispatchDisaggregatedTest, DecodeWorkerStoppingMidStreamEndsTheStreamWithAnError) {
