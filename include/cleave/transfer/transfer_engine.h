@@ -53,6 +53,12 @@ struct Batch {
   std::vector<WriteOp> writes;
   // When set, a notice with this tag goes to the peer after every write has been placed.
   std::optional<uint64_t> notify_tag;
+  // When set, nothing of the batch (write slice or notice) is handed to the provider at or
+  // after this instant: the transfer then fails with DEADLINE_EXCEEDED ("not posted by its
+  // deadline") and its notice is not sent. What was posted before stays posted (a write on its
+  // way cannot be called back). For a destination that stops accepting writes at a known time
+  // (a reservation's lease).
+  std::optional<std::chrono::steady_clock::time_point> post_by = std::nullopt;
 };
 
 // A notice received from a peer.
@@ -116,8 +122,11 @@ class TransferEngine {
   // a bad batch returns an error and nothing is sent. Then coalesces adjacent writes, slices
   // them and queues the slices over the rails.
   Result<TransferHandle> submit(const Batch& batch);
-  // A notice ordered after every batch submitted to `peer` before this call.
-  Result<TransferHandle> notify(uint64_t peer, uint64_t tag);
+  // A notice ordered after every batch submitted to `peer` before this call; `post_by` as in
+  // Batch.
+  Result<TransferHandle> notify(
+      uint64_t peer, uint64_t tag,
+      std::optional<std::chrono::steady_clock::time_point> post_by = std::nullopt);
 
   // Notices received so far (and removes them); wait_notice blocks up to `timeout` for one.
   std::vector<Notice> take_notices();
