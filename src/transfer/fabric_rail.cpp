@@ -2,6 +2,7 @@
 // endpoints left open on purpose, peers in the AV, the progress thread and the watchdog's hooks.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -156,6 +157,9 @@ bool FabricRail::av_holds_gone_peer() const {
     auto peer = slot.peer.lock();
     if (!peer) return true;  // nothing left to ask: assume the worst
     if (peer->same_host ? !peer->alive() : peer->unreachable.load()) return true;
+    // A peer engine in this very process reads our region through the same address space:
+    // unmapping it under that engine crashes it (seen with two engines in one test process).
+    if (peer->same_host && peer->pid == ::getpid()) return true;
   }
   return false;
 }
@@ -188,7 +192,9 @@ void FabricRail::reopen() {
   log::warn("transfer rail {} ({}): reopening the endpoint ({} operation(s) to unresponsive "
             "peers abandoned, {} operation(s) to others posted again; the old endpoint is {})",
             index_, provider_name(), abandoned_.size(), inflight_.size(),
-            leak ? "kept open for the process (a peer in its AV has exited)" : "closed");
+            leak ? "kept open for the process (a peer in its AV has exited or runs in this "
+                   "process)"
+                 : "closed");
   if (leak) {
     leak_endpoint();
   } else {

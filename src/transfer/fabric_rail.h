@@ -105,7 +105,8 @@ struct RailStorage {
 // notices other peers had in flight are posted again on the new endpoint (writes are
 // idempotent; a notice keeps its id and the receiving rail drops a second copy). The old
 // endpoint is closed, except on shm when a peer in its AV has exited (closing it could spin on
-// that peer's lock): then it is kept open for the process.
+// that peer's lock) or runs in this process (it would read the unmapped region): then it is
+// kept open for the process.
 class FabricRail {
  public:
   // `port` is this rail's view of its domain (make_libfabric_port, or a fake in tests);
@@ -175,7 +176,8 @@ class FabricRail {
   void close_endpoint();
   void leak_endpoint();
   // shm: whether closing the endpoint could block or hurt a peer, because a peer in its AV has
-  // exited (or, where its process cannot be checked, is marked unreachable).
+  // exited (or, where its process cannot be checked, is marked unreachable), or lives in this
+  // process (it would read our unmapped region).
   bool av_holds_gone_peer() const;
   void reopen();
   void run();

@@ -222,7 +222,9 @@ void FabricRail::check_timeouts() {
   // may have kept it from counting as stuck): the others' operations are posted again on the
   // rebuilt endpoint, with a fresh bound.
   PeerRecord* culprit = nullptr;
-  if (leak_on_reopen_ && !stuck.empty()) {
+  if (leak_on_reopen_ && !abandoned_.empty()) {
+    stuck.clear();  // the rebuild for the last fault is still to come: it restarts the bounds
+  } else if (leak_on_reopen_ && !stuck.empty()) {
     culprit = (*std::min_element(inflight_.begin(), inflight_.end(),
                                  [](OpContext* a, OpContext* b) { return a->posted < b->posted; }))
                   ->work.transfer->peer.get();
@@ -290,6 +292,13 @@ void FabricRail::check_timeouts() {
 }
 
 int FabricRail::progress_once() {
+  // Where the rail's thread never sleeps inside the provider (no CQ wait object: shm), any
+  // lock holder may rebuild the endpoint; a waiter that keeps driving the rail would otherwise
+  // hold the rebuild off, and with it every other peer's completions (shm answers in order).
+  if (reopen_wanted_ && leak_on_reopen_ && !cq_waitable_) {
+    reopen_wanted_ = false;
+    reopen();
+  }
   if (incoming_queued_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> ilock(incoming_mu_);
     incoming_queued_.store(false, std::memory_order_relaxed);

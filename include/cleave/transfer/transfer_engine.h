@@ -16,6 +16,11 @@
 // it fails the transfers that rail had started, moves its untouched queued work to a fresh
 // rail and leaks the stuck one. Peers that connected to a replaced rail must connect again.
 // A caller thread that was itself posting when the peer died can stay stuck in the provider.
+// A fault of one peer fails only that peer's transfers: the rail's endpoint is rebuilt, and
+// other peers' writes and notices go out again on the new one (a notice keeps its id, and the
+// receiver hands a copy over once). A write the target refuses (its key was revoked) fails at
+// once on tcp (the target drops the connection); shm never answers it, so it fails after
+// completion_timeout_ms.
 //
 // Ordering: a batch's notice is sent only after every write of the batch has completed (with
 // FI_DELIVERY_COMPLETE when the provider accepts it), so a peer that sees the notice can read
