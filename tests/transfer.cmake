@@ -25,3 +25,13 @@ add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/revoked_k
 target_link_libraries(${tgt} PRIVATE cleave::transfer GTest::gtest GTest::gtest_main)
 add_test(NAME ${tgt} COMMAND ${tgt})
 set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 120)
+
+# A fault to one peer (its key revoked mid-stream) fails only that peer's transfers, and the
+# rail rebuilds it causes leak no endpoint.
+set(tgt integration_transfer_peer_fault)
+add_executable(${tgt} ${CMAKE_CURRENT_SOURCE_DIR}/integration/transfer/peer_fault_cases.cpp)
+target_link_libraries(${tgt} PRIVATE cleave::transfer GTest::gtest GTest::gtest_main)
+target_compile_definitions(${tgt} PRIVATE TRANSFER_TEST_PEER="$<TARGET_FILE:transfer_test_peer>")
+add_dependencies(${tgt} transfer_test_peer)
+add_test(NAME ${tgt} COMMAND ${tgt})
+set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 180)

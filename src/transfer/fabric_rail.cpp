@@ -2,6 +2,7 @@
 // endpoints left open on purpose, peers in the AV, the progress thread and the watchdog's hooks.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -150,19 +151,51 @@ void FabricRail::leak_endpoint() {
 
 void FabricRail::close_endpoint() { ep_.reset(); }
 
-// A peer stopped completing operations; some providers (shm in libfabric 1.17) then never
-// complete them and may stall the endpoint for every peer. Replace the endpoint: the abandoned
-// operations die with it (their TX credits come back), live writes are posted again on the new
-// endpoint (RMA writes are idempotent), notices in flight fail (they may or may not have
-// arrived), and live peers are inserted into the new AV.
+bool FabricRail::av_holds_gone_peer() const {
+  for (const auto& [key, slot] : peers_) {
+    if (slot.addr == FI_ADDR_NOTAVAIL) continue;
+    auto peer = slot.peer.lock();
+    if (!peer) return true;  // nothing left to ask: assume the worst
+    if (peer->same_host ? !peer->alive() : peer->unreachable.load()) return true;
+    // A peer engine in this very process reads our region through the same address space:
+    // unmapping it under that engine crashes it (seen with two engines in one test process).
+    if (peer->same_host && peer->pid == ::getpid()) return true;
+  }
+  return false;
+}
+
+bool NoticeDedup::first_time(uint64_t engine, uint64_t id) {
+  if (id == 0) return true;
+  if (!seen_.insert(Key{engine, id}).second) return false;
+  order_.push_back(Key{engine, id});
+  if (order_.size() > kWindow) {
+    seen_.erase(order_.front());
+    order_.pop_front();
+  }
+  return true;
+}
+
+// A peer stopped completing operations (or, on tcp, broke its connection); some providers
+// (shm in libfabric 1.17) then never complete them and may stall the endpoint for every peer,
+// and ofi_rxm keeps the broken connection for good. Replace the endpoint: the abandoned
+// operations die with it (their TX credits come back), and only the faulty peers' work fails.
+// Writes in flight to the others are posted again on the new endpoint (RMA writes are
+// idempotent), their notices in flight are sent again with the same id (the receiver drops
+// the copy when the first one did arrive), and live peers are inserted into the new AV.
 void FabricRail::reopen() {
   reopens_.fetch_add(1, std::memory_order_relaxed);
-  log::warn("transfer rail {} ({}): reopening the endpoint ({} operation(s) to unresponsive "
-            "peers abandoned, {} live operation(s) re-posted)",
-            index_, provider_name(), abandoned_.size(), inflight_.size());
   // shm (1.17): closing the old AV unmaps every peer from it, which spins on the lock of a peer
-  // that died holding it and can crash a live peer that still reads our old region: leak it.
-  if (leak_on_reopen_) {
+  // that died holding it: keep such an endpoint open for the process. With every peer alive
+  // (a write refused with a revoked key ends as a timeout of a live peer) it is closed, so that
+  // faults do not pile up endpoints and their shared-memory regions.
+  const bool leak = leak_on_reopen_ && av_holds_gone_peer();
+  log::warn("transfer rail {} ({}): reopening the endpoint ({} operation(s) to unresponsive "
+            "peers abandoned, {} operation(s) to others posted again; the old endpoint is {})",
+            index_, provider_name(), abandoned_.size(), inflight_.size(),
+            leak ? "kept open for the process (a peer in its AV has exited or runs in this "
+                   "process)"
+                 : "closed");
+  if (leak) {
     leak_endpoint();
   } else {
     close_endpoint();
@@ -170,15 +203,13 @@ void FabricRail::reopen() {
   for (OpContext* op : abandoned_) free_op(op);
   abandoned_.clear();
   std::vector<RailWork> again;
+  std::vector<std::shared_ptr<TransferState>> notices_again;
   for (OpContext* op : inflight_) {
     if (op->kind == OpContext::Kind::kWrite) {
       again.push_back(std::move(op->work));
-    } else {
-      auto t = op->work.transfer;
-      t->finish(Unavailable(fmt::format("notice to peer {:016x} was in flight when rail {} was "
-                                        "reopened after another peer stopped answering; it may "
-                                        "or may not have arrived", t->peer->engine_id, index_)),
-                TransferErrorKind::kCompletionError);
+    } else if (!op->work.transfer->is_done()) {
+      // A notice to the faulty peer fails in send_notice_now (the peer is unreachable).
+      notices_again.push_back(op->work.transfer);
     }
     free_op(op);
   }
@@ -205,6 +236,30 @@ void FabricRail::reopen() {
     slot.addr = addr;
   }
   for (auto it = again.rbegin(); it != again.rend(); ++it) push_ready(std::move(*it), true);
+  // Their batches' writes had all completed: they go out with the next pass, ahead of notices
+  // that were waiting for a send slot.
+  for (auto it = notices_again.rbegin(); it != notices_again.rend(); ++it) {
+    pending_notices_.push_front(std::move(*it));
+  }
+  // Notices that completed lately may still have been buffered in the closed endpoint: send
+  // copies (same id; the receiver drops a second one). Nobody waits for a copy, and it counts
+  // in no metric.
+  size_t copies = 0;
+  for (const SentNotice& n : sent_recently_) {
+    auto peer = n.peer.lock();
+    if (!peer || peer->unreachable.load() || !peer->alive()) continue;
+    auto copy = std::make_shared<TransferState>();
+    copy->peer = std::move(peer);
+    copy->notify_tag = n.tag;
+    copy->notice_id = n.id;
+    pending_notices_.push_back(std::move(copy));
+    ++copies;
+  }
+  sent_recently_.clear();
+  if (copies > 0) {
+    log::info("transfer rail {}: {} notice(s) that completed lately sent again on the new "
+              "endpoint", index_, copies);
+  }
 }
 
 std::string FabricRail::name() const {

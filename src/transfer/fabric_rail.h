@@ -20,12 +20,38 @@ inline int64_t steady_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-// The bytes of a notice on the wire.
+// The bytes of a notice on the wire. `id` is unique per sending engine (0: none, as sent
+// before ids existed; such a notice is never dropped as a copy).
 struct NoticeWire {
   uint64_t magic;
   uint64_t from_engine;
   uint64_t tag;
-  uint64_t value;
+  uint64_t id = 0;
+  uint64_t value = 0;  // notify()'s value (the first token of an early Decode)
+};
+
+// The notices a rail received most recently, by (sender engine, notice id): a notice re-sent
+// after its sender's rail was reopened (see FabricRail::reopen) may also have arrived the first
+// time, and is handed over once. Copies arrive within the sender's reopen (milliseconds), far
+// inside the window. Not thread-safe (the rail's progress lock guards it).
+class NoticeDedup {
+ public:
+  // Larger than the notices a rail re-sends after a reopen (FabricRail::kResendMax) plus what
+  // other senders send meanwhile.
+  static constexpr size_t kWindow = 8192;
+  // False when (engine, id) was seen within the last kWindow notices; id 0 is always new.
+  bool first_time(uint64_t engine, uint64_t id);
+
+ private:
+  struct Key {
+    uint64_t engine, id;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.engine * 31 ^ k.id); }
+  };
+  std::unordered_set<Key, KeyHash> seen_;
+  std::deque<Key> order_;
 };
 inline constexpr uint64_t kNoticeMagic = 0x31454349544f4e43ull;  // "CNOTICE1"
 // A wake-up: "writes follow", so that a target whose provider reports no incoming writes
@@ -75,6 +101,14 @@ struct RailStorage {
 // then sleeps. Where the endpoint counts no incoming writes (no FI_RMA_EVENT: tcp, verbs), a
 // small wake-up message goes to a peer ahead of our writes (at most one per half hot window),
 // so that the peer polls hot instead of sleeping in fi_cq_sread while the data arrives.
+//
+// Faults: a peer that stops answering (timeout, exited process, a connection error on tcp)
+// gets the endpoint replaced (reopen()), and only that peer's operations fail: the writes and
+// notices other peers had in flight are posted again on the new endpoint (writes are
+// idempotent; a notice keeps its id and the receiving rail drops a second copy). The old
+// endpoint is closed, except on shm when a peer in its AV has exited (closing it could spin on
+// that peer's lock) or runs in this process (it would read the unmapped region): then it is
+// kept open for the process.
 class FabricRail {
  public:
   // `port` is this rail's view of its domain (make_libfabric_port, or a fake in tests);
@@ -143,6 +177,10 @@ class FabricRail {
   Status open_endpoint();
   void close_endpoint();
   void leak_endpoint();
+  // shm: whether closing the endpoint could block or hurt a peer, because a peer in its AV has
+  // exited (or, where its process cannot be checked, is marked unreachable), or lives in this
+  // process (it would read our unmapped region).
+  bool av_holds_gone_peer() const;
   void reopen();
   void run();
   // A waiter drove this rail within the last kDriverGrace: the thread steps aside.
@@ -189,6 +227,11 @@ class FabricRail {
   void handle_completion(OpContext* op, bool error, const std::string& error_text, int err,
                          Clock::time_point now);
   void check_timeouts();
+  // Keeps a notice that completed on this endpoint for a re-send should the endpoint be
+  // replaced soon (see sent_recently_).
+  void remember_sent_notice(const std::shared_ptr<TransferState>& t, Clock::time_point now);
+  // shm: whether an operation to another peer, posted by `since`, is still unanswered.
+  bool held_back_by_other(PeerRecord* peer, Clock::time_point since) const;
   void abandon(OpContext* op, Status why, TransferErrorKind kind);
   void finish_write(OpContext* op);
 
@@ -278,6 +321,20 @@ class FabricRail {
   // Set on a timeout or (not shm) a connection error; the rail thread reopens, or
   // insert_peer() first where the rail is not shm.
   bool reopen_wanted_ = false;
+  uint64_t notices_posted_ = 0;  // numbers this rail's notice ids
+  NoticeDedup received_;         // notices handed over lately, to drop re-sent copies
+  // Notices that completed on this endpoint within min(completion_timeout_ms, 1 s) (at most
+  // kResendMax): a completed send is not always at the peer (tcp;ofi_rxm completes a small
+  // message once it is buffered, and closing the endpoint resets its connections, which drops
+  // what is still buffered at either end), so reopen() sends them again to the live peers.
+  struct SentNotice {
+    std::weak_ptr<PeerRecord> peer;
+    uint64_t tag = 0, id = 0;
+    Clock::time_point at;
+  };
+  static constexpr int64_t kResendWindowMs = 1000;
+  static constexpr size_t kResendMax = 1024;
+  std::deque<SentNotice> sent_recently_;
   std::atomic<uint64_t> work_epoch_{0};  // bumped by enqueue(), read before the thread sleeps
   bool wake_pending_ = false;            // guarded by sleep_mu_
 };

@@ -48,8 +48,16 @@ class LibfabricEndpoint final : public RailEndpoint {
     return fi_writemsg(ep_, &msg, flags);
   }
 
-  ssize_t send(const void* buf, size_t len, void* desc, fi_addr_t dest, void* context) override {
-    return fi_send(ep_, buf, len, desc, dest, context);
+  ssize_t send(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t flags,
+               void* context) override {
+    iovec iov{const_cast<void*>(buf), len};
+    fi_msg msg{};
+    msg.msg_iov = &iov;
+    msg.desc = &desc;
+    msg.iov_count = 1;
+    msg.addr = dest;
+    msg.context = context;
+    return fi_sendmsg(ep_, &msg, flags);
   }
 
   ssize_t recv(void* buf, size_t len, void* desc, void* context) override {

@@ -57,7 +57,11 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
     if (!error) {
       NoticeWire wire;
       std::memcpy(&wire, storage_->recv_slot(op->slot), sizeof(wire));
-      if (wire.magic == kNoticeMagic) {
+      if (wire.magic == kNoticeMagic && !received_.first_time(wire.from_engine, wire.id)) {
+        log::debug("transfer rail {}: dropped a second copy of notice {} from engine {:016x} "
+                   "(re-sent after its sender's endpoint was replaced)", index_, wire.tag,
+                   wire.from_engine);
+      } else if (wire.magic == kNoticeMagic) {
         metrics_->add_notice_received();
         on_notice_(Notice{wire.from_engine, wire.tag, wire.value});
       } else if (wire.magic == kWakeMagic) {
@@ -101,7 +105,7 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
   if (op->kind == OpContext::Kind::kNotice) free_send_slots_.push_back(op->slot);
   if (error) {
     if (is_connection_error(err)) {
-      peer->unreachable.store(true);
+      t->mark_peer_unreachable();
       // ofi_rxm (1.17) keeps a broken connection to that address for good, so a connect() of
       // the same peer again would not help: a fresh endpoint makes fresh connections. Not for
       // shm, which has no connections (and whose endpoints are never closed: see reopen()).
@@ -118,7 +122,8 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
   } else if (op->kind == OpContext::Kind::kWrite) {
     finish_write(op);
   } else {
-    metrics_->add_notice_sent();
+    if (t->metrics) metrics_->add_notice_sent();  // not for a re-sent copy (no metrics)
+    remember_sent_notice(t, now);
     t->finish(Status::Ok());
   }
   free_op(op);
@@ -167,8 +172,26 @@ void FabricRail::abandon(OpContext* op, Status why, TransferErrorKind kind) {
   abandoned_.push_back(op);
   reopen_wanted_ = true;
   auto& t = op->work.transfer;
-  t->peer->unreachable.store(true);
+  t->mark_peer_unreachable();
   t->finish(std::move(why), kind);
+}
+
+void FabricRail::remember_sent_notice(const std::shared_ptr<TransferState>& t,
+                                      Clock::time_point now) {
+  const auto window = std::chrono::milliseconds(
+      std::min<int64_t>(settings_.completion_timeout_ms, kResendWindowMs));
+  while (!sent_recently_.empty() &&
+         (sent_recently_.size() >= kResendMax || now - sent_recently_.front().at > window)) {
+    sent_recently_.pop_front();
+  }
+  sent_recently_.push_back({t->peer, *t->notify_tag, t->notice_id, now});
+}
+
+bool FabricRail::held_back_by_other(PeerRecord* peer, Clock::time_point since) const {
+  for (const OpContext* op : inflight_) {
+    if (op->work.transfer->peer.get() != peer && op->posted <= since) return true;
+  }
+  return false;
 }
 
 void FabricRail::check_timeouts() {
@@ -193,6 +216,26 @@ void FabricRail::check_timeouts() {
     if (it != last_completion_.end() && it->second > since) since = it->second;
     if (now - since > bound) stuck.push_back(op);
   }
+  // shm reads its completions in posting order, so one operation that is never answered (a
+  // write its target refused) holds back the completions of every later one, to every peer.
+  // Only the peer of the oldest unanswered operation is to blame (its own later completions
+  // may have kept it from counting as stuck): the others' operations are posted again on the
+  // rebuilt endpoint, with a fresh bound.
+  PeerRecord* culprit = nullptr;
+  if (leak_on_reopen_ && !abandoned_.empty()) {
+    stuck.clear();  // the rebuild for the last fault is still to come: it restarts the bounds
+  } else if (leak_on_reopen_ && !stuck.empty()) {
+    culprit = (*std::min_element(inflight_.begin(), inflight_.end(),
+                                 [](OpContext* a, OpContext* b) { return a->posted < b->posted; }))
+                  ->work.transfer->peer.get();
+    stuck.clear();
+    for (OpContext* op : inflight_) {
+      if (op->work.transfer->peer.get() == culprit && now - op->posted > bound &&
+          std::find(dead.begin(), dead.end(), op) == dead.end()) {
+        stuck.push_back(op);
+      }
+    }
+  }
   for (OpContext* op : dead) {
     auto& t = op->work.transfer;
     abandon(op, Unavailable(fmt::format("peer {:016x} (pid {} on this host) exited with a {} to it "
@@ -204,17 +247,34 @@ void FabricRail::check_timeouts() {
   }
   for (OpContext* op : stuck) {
     auto& t = op->work.transfer;
+    const bool write = op->kind == OpContext::Kind::kWrite;
+    // shm answers a write its target refuses (a key revoked when the reservation it named
+    // ended) with nothing at all: the completion timeout is then the only way it ends.
+    const bool maybe_refused = write && leak_on_reopen_;
     abandon(op, DeadlineExceeded(fmt::format(
-                    "peer {:016x} did not complete a {} within {} ms on rail {} ({}); the peer "
-                    "is marked unreachable",
-                    t->peer->engine_id, op->kind == OpContext::Kind::kWrite ? "write" : "notice",
-                    settings_.completion_timeout_ms, index_, provider_name())),
+                    "peer {:016x} did not complete a {} within {} ms on rail {} ({}){}; the "
+                    "peer is marked unreachable",
+                    t->peer->engine_id, write ? "write" : "notice",
+                    settings_.completion_timeout_ms, index_, provider_name(),
+                    maybe_refused
+                        ? fmt::format(": the write was refused by the target (its key {:#x} "
+                                      "revoked: the destination's reservation ended) or the "
+                                      "target stopped progressing; shm does not answer a "
+                                      "refused write, so this bound is how it ends",
+                                      op->work.key)
+                        : std::string())),
             TransferErrorKind::kTimeout);
   }
   // A peer whose writes the provider keeps refusing with -FI_EAGAIN fails the same way.
   for (auto it = eagain_since_.begin(); it != eagain_since_.end();) {
     if (now - it->second.since <= bound) { ++it; continue; }
     PeerRecord* peer = it->first;
+    // shm: refusals behind another peer's unanswered operation (its completions hold back
+    // ours, and with them the credits): the rebuild that fault causes clears them.
+    if (leak_on_reopen_ && (culprit || reopen_wanted_ || held_back_by_other(peer, it->second.since))) {
+      ++it;
+      continue;
+    }
     peer->unreachable.store(true);
     for (auto& w : ready_) {
       if (w.transfer->peer.get() != peer) continue;
@@ -232,6 +292,13 @@ void FabricRail::check_timeouts() {
 }
 
 int FabricRail::progress_once() {
+  // Where the rail's thread never sleeps inside the provider (no CQ wait object: shm), any
+  // lock holder may rebuild the endpoint; a waiter that keeps driving the rail would otherwise
+  // hold the rebuild off, and with it every other peer's completions (shm answers in order).
+  if (reopen_wanted_ && leak_on_reopen_ && !cq_waitable_) {
+    reopen_wanted_ = false;
+    reopen();
+  }
   if (incoming_queued_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> ilock(incoming_mu_);
     incoming_queued_.store(false, std::memory_order_relaxed);

@@ -46,8 +46,10 @@ class RailEndpoint {
   // `key` at `dest`; `flags` as for fi_writemsg. Called once per slice: keep it cheap.
   virtual ssize_t write(void* local, size_t len, void* local_desc, fi_addr_t dest,
                         uint64_t remote_addr, uint64_t key, uint64_t flags, void* context) = 0;
-  // A small untagged message (a notice) from a registered buffer.
-  virtual ssize_t send(const void* buf, size_t len, void* desc, fi_addr_t dest,
+  // A small untagged message (a notice) from a registered buffer; `flags` as for fi_sendmsg
+  // (FI_COMPLETION, and FI_DELIVERY_COMPLETE for a notice that must not be lost with the
+  // endpoint: a message only handed to the transport is dropped when its endpoint closes).
+  virtual ssize_t send(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t flags,
                        void* context) = 0;
   // A receive buffer for a message from any peer.
   virtual ssize_t recv(void* buf, size_t len, void* desc, void* context) = 0;

@@ -138,7 +138,10 @@ void FabricRail::post_ready() {
   for (auto it = ready_.begin(); it != ready_.end() && writes_inflight_ < depth_;) {
     RailWork& w = *it;
     TransferState* t = w.transfer.get();
-    if (t->is_done()) {  // failed earlier: drop the rest of its slices
+    if (t->is_done() ||  // failed earlier: drop the rest of its slices
+        (t->post_by != Clock::time_point::max() &&
+         t->fail_if_past_deadline(pass_now_, w.kind == RailWork::Kind::kWrite
+                                                 ? "a write slice" : "a notice"))) {
       it = ready_.erase(it);
       continue;
     }
@@ -224,6 +227,7 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
     pending_notices_.push_back(t);
     return;
   }
+  if (t->fail_if_past_deadline(pass_now_, fmt::format("notice {}", *t->notify_tag))) return;
   if (t->peer->unreachable.load() || !t->peer->probably_alive(steady_ns(pass_now_))) {
     t->peer->unreachable.store(true);
     t->finish(Unavailable(fmt::format("notice {} not sent: peer {:016x} is unreachable (pid {})",
@@ -231,10 +235,16 @@ void FabricRail::send_notice_now(const std::shared_ptr<TransferState>& t) {
               TransferErrorKind::kPeerUnavailable);
     return;
   }
+  // The id says which rail numbered it, so that ids of one engine never collide; a re-send
+  // keeps the first one.
+  if (t->notice_id == 0) {
+    t->notice_id = (static_cast<uint64_t>(index_ + 1) << 48) | ++notices_posted_;
+  }
   set_posting_to(t->peer);
   ssize_t rc = 0;
   OpContext* op = send_wire(OpContext::Kind::kNotice,
-                            NoticeWire{kNoticeMagic, engine_id_, *t->notify_tag, t->notify_value},
+                            NoticeWire{kNoticeMagic, engine_id_, *t->notify_tag, t->notice_id,
+                                       t->notify_value},
                             addr_of(t->peer.get()), &rc);
   set_posting_to(nullptr);
   if (rc == -FI_EAGAIN) {
@@ -264,7 +274,12 @@ OpContext* FabricRail::send_wire(OpContext::Kind kind, const NoticeWire& wire, f
   OpContext* op = new_op();
   op->kind = kind;
   op->slot = slot;
-  *rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), dest, &op->ctx);
+  // A notice completes once it is at the peer (where the provider can say so), so that a
+  // reopen of this rail, which closes the endpoint, cannot lose a notice reported as sent.
+  const uint64_t flags =
+      FI_COMPLETION |
+      (kind == OpContext::Kind::kNotice && delivery_complete_ ? FI_DELIVERY_COMPLETE : 0);
+  *rc = ep_->send(buf, sizeof(wire), storage_->send_mr->desc(), dest, flags, &op->ctx);
   if (*rc != 0) {
     free_op(op);
     return nullptr;

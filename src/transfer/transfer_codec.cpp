@@ -167,6 +167,7 @@ const char* error_kind_name(TransferErrorKind kind) {
     case TransferErrorKind::kTimeout: return "timeout";
     case TransferErrorKind::kCompletionError: return "completion_error";
     case TransferErrorKind::kPostError: return "post_error";
+    case TransferErrorKind::kPastDeadline: return "past_deadline";
     case TransferErrorKind::kCount: break;
   }
   return "unknown";

@@ -137,6 +137,7 @@ Result<uint64_t> TransferEngine::connect(std::string_view peer_address) {
     // The peer may have reopened endpoints since (new names), and a reopen of ours may have
     // dropped it from an AV: insert_peer() handles both.
     auto& peer = impl_->peers[known->second];
+    peer->connects.fetch_add(1);
     peer->unreachable.store(false);
     for (size_t i = 0; i < nrails; ++i) {
       peer->rail_names[i] = a.rail_names[i % a.rail_names.size()];
@@ -165,7 +166,7 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
   Impl& im = *impl_;
   CLEAVE_ASSIGN_OR_RETURN(auto peer, im.find_peer(batch.peer));
   if (batch.writes.empty()) {
-    if (batch.notify_tag) return notify(batch.peer, *batch.notify_tag);
+    if (batch.notify_tag) return notify(batch.peer, *batch.notify_tag, 0, batch.post_by);
     return InvalidArgument("submit: the batch has no writes and no notice");
   }
   auto refuse = [&](Status s) {
@@ -177,6 +178,11 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
     return Unavailable(fmt::format("submit: peer {:016x} is unreachable (an earlier transfer to "
                                    "it failed); reconnect first", peer->engine_id));
   }
+  if (batch.post_by && Clock::now() >= *batch.post_by) {
+    im.metrics.add_error(TransferErrorKind::kPastDeadline);
+    return DeadlineExceeded(fmt::format("submit: the batch's deadline has passed; nothing is "
+                                        "posted to peer {:016x}", peer->engine_id));
+  }
   auto rails = im.rails_now();
   const uint64_t slice = std::min<uint64_t>(static_cast<uint64_t>(im.settings.slice_bytes),
                                             (*rails)[0]->max_msg_size());
@@ -185,7 +191,9 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
   state->driver = &im;
   state->hot = std::chrono::microseconds(im.settings.idle_poll_us);
   state->peer = peer;
+  state->peer_connects = peer->connects.load();
   state->notify_tag = batch.notify_tag;
+  if (batch.post_by) state->post_by = *batch.post_by;
   const size_t nrails = rails->size();
   std::vector<std::vector<RailWork>> per_rail(nrails);
   {
@@ -249,20 +257,28 @@ Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
   return TransferHandle(state);
 }
 
-Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag, uint64_t value) {
+Result<TransferHandle> TransferEngine::notify(uint64_t peer_id, uint64_t tag, uint64_t value,
+                                              std::optional<Clock::time_point> post_by) {
   Impl& im = *impl_;
   CLEAVE_ASSIGN_OR_RETURN(auto peer, im.find_peer(peer_id));
   if (peer->unreachable.load()) {
     im.metrics.add_error(TransferErrorKind::kPeerUnavailable);
     return Unavailable(fmt::format("notify: peer {:016x} is unreachable", peer->engine_id));
   }
+  if (post_by && Clock::now() >= *post_by) {
+    im.metrics.add_error(TransferErrorKind::kPastDeadline);
+    return DeadlineExceeded(fmt::format("notify: the notice's deadline has passed; notice {} is "
+                                        "not sent to peer {:016x}", tag, peer->engine_id));
+  }
   auto state = std::make_shared<TransferState>();
   state->metrics = &im.metrics;
   state->driver = &im;
   state->hot = std::chrono::microseconds(im.settings.idle_poll_us);
   state->peer = peer;
+  state->peer_connects = peer->connects.load();
   state->notify_tag = tag;
   state->notify_value = value;
+  if (post_by) state->post_by = *post_by;
   {
     std::lock_guard<std::mutex> lock(peer->mu);
     std::erase_if(peer->recent, [&](const std::weak_ptr<TransferState>& w) {

@@ -78,6 +78,9 @@ struct PeerRecord {
   bool same_host = false;
   MetricsCounters::PeerAtomics* stats = nullptr;  // this peer's counters in the engine's metrics
   std::atomic<bool> unreachable{false};
+  // Bumped by every connect() of a known peer, which clears `unreachable`: a failure of work
+  // submitted before that connect (a late error completion) does not mark the peer again.
+  std::atomic<uint64_t> connects{0};
   std::mutex mu;  // guards `recent` and `recent_prune_at`
   std::vector<std::weak_ptr<TransferState>> recent;  // unfinished batches, for notify()
   size_t recent_prune_at = 64;  // finished entries are dropped when `recent` reaches this size
@@ -121,11 +124,18 @@ struct TransferState {
   // How long a waiter keeps polling without a completion (transfer.idle_poll_us, as the rails).
   Clock::duration hot = std::chrono::milliseconds(2);
   std::shared_ptr<PeerRecord> peer;
+  uint64_t peer_connects = 0;  // peer->connects when the transfer was submitted
   uint64_t bytes = 0;
   Clock::time_point start = Clock::now();
   std::optional<uint64_t> notify_tag;
   uint64_t notify_value = 0;  // what the notice carries beside its tag
+  // Batch::post_by: no slice or notice of this transfer is posted at or after it.
+  Clock::time_point post_by = Clock::time_point::max();
   std::vector<std::shared_ptr<TransferState>> predecessors;  // notify(): wait for these
+  // The notice's id on the wire (0 until it is first posted; a re-send after a reopen of its
+  // rail keeps it, so that the receiver drops a second copy). Guarded by the rail's progress
+  // lock.
+  uint64_t notice_id = 0;
   std::atomic<int64_t> writes_left{0};
 
   std::mutex mu;
@@ -139,6 +149,13 @@ struct TransferState {
   // First call wins; returns whether this call finished the transfer (and ran on_done).
   bool finish(Status s, std::optional<TransferErrorKind> kind = std::nullopt);
   bool is_done() const { return finished.load(std::memory_order_acquire); }
+  // Marks the peer unreachable unless it was connected again since this transfer's submit.
+  void mark_peer_unreachable() {
+    if (peer->connects.load() == peer_connects) peer->unreachable.store(true);
+  }
+  // Fails the transfer when `now` is at or past post_by (true then): the caller does not post.
+  // `what`: the operation that was about to go out, for the message.
+  bool fail_if_past_deadline(Clock::time_point now, std::string_view what);
 };
 
 // Drops finished (or freed) transfers from `list` once it has reached `*sweep_at`, and puts the

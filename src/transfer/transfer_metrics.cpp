@@ -105,6 +105,17 @@ void TransferHandle::on_done(std::function<void()> fn) const {
   fn();
 }
 
+bool TransferState::fail_if_past_deadline(Clock::time_point now, std::string_view what) {
+  if (now < post_by) return false;
+  finish(DeadlineExceeded(fmt::format(
+             "{} to peer {:016x} not posted: the transfer's deadline passed {} us ago (the "
+             "destination stops accepting writes then)",
+             what, peer ? peer->engine_id : 0,
+             std::chrono::duration_cast<std::chrono::microseconds>(now - post_by).count())),
+         TransferErrorKind::kPastDeadline);
+  return true;
+}
+
 std::optional<std::chrono::steady_clock::time_point> TransferHandle::completed_at() const {
   if (!state_ || !state_->is_done()) return std::nullopt;
   std::lock_guard<std::mutex> lock(state_->mu);

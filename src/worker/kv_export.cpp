@@ -69,6 +69,9 @@ struct KvSender::State {
   KvLayout local;
   KvDestination dest;
   int64_t prompt_len = 0;
+  // Nothing is posted at or after this instant (the lease's end less its margin); max() when
+  // the destination gave no lease.
+  Clock::time_point post_by = Clock::time_point::max();
 
   // Engine thread only: the batch whose write vector is reused from layer to layer (its
   // WriteOps keep their copy of the destination descriptor, so a reused slot allocates nothing).
@@ -87,7 +90,23 @@ struct KvSender::State {
   std::vector<int64_t> sent_until;  // per layer: positions [0, sent_until) submitted
   std::optional<Clock::time_point> first_submit, last_layer_done, notice_done;
 
+  bool lease_over(Clock::time_point now) const { return now >= post_by; }
+  // The failure of a transfer that stopped at the lease's end.
+  Status lease_ended(std::string_view what) const {
+    return DeadlineExceeded(fmt::format(
+        "KV of request {}: {}: the lease of {} ms on decode worker {}'s blocks has ended (writes "
+        "stop {} ms before its end, counted from when the destination arrived); the decode "
+        "worker gives the blocks to others and refuses late writes, so no notice is sent",
+        dest.request_id, what, dest.lease.count(), dest.worker_id,
+        KvSender::lease_margin(dest.lease).count()));
+  }
+
   void fail(Status s) {
+    // The transfer engine's "not posted by its deadline": the deadline is the lease's.
+    if (s.code() == StatusCode::kDeadlineExceeded && lease_over(Clock::now()) &&
+        s.message().find("deadline") != std::string::npos) {
+      s = lease_ended(s.message());
+    }
     std::lock_guard<std::mutex> lock(mu);
     if (failure.ok()) {
       log::warn("KV transfer of request {} to decode worker {} failed: {}", dest.request_id,
@@ -124,6 +143,10 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 }  // namespace
+
+std::chrono::milliseconds KvSender::lease_margin(std::chrono::milliseconds lease) {
+  return std::min<std::chrono::milliseconds>(lease / 10, std::chrono::milliseconds(500));
+}
 
 Result<std::shared_ptr<KvSender>> KvSender::create(transfer::TransferEngine& engine, uint64_t peer,
                                                    const transfer::MemoryRegion& local_region,
@@ -177,6 +200,10 @@ Result<std::shared_ptr<KvSender>> KvSender::create(transfer::TransferEngine& eng
                                        local_layout.total_bytes()));
   }
   auto st = std::make_shared<State>();
+  if (dest.lease.count() > 0) {
+    st->post_by = Clock::now() + dest.lease - lease_margin(dest.lease);
+    st->batch.post_by = st->post_by;
+  }
   st->engine = &engine;
   st->peer = peer;
   st->local_region = local_region.id;
@@ -223,6 +250,10 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
     }
     ++s.checked;
   }
+  if (s.lease_over(now)) {
+    s.fail(s.lease_ended(fmt::format("layer {} positions [{}, {}) not sent", layer, begin, end)));
+    return false;
+  }
   if (begin < end) {
     // Fill the reused write vector slot by slot; a slot keeps its copy of the descriptor.
     std::vector<transfer::WriteOp>& w = s.batch.writes;
@@ -263,7 +294,7 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
     }
   }
   if (send_notice) {
-    auto n = s.engine->notify(s.peer, s.dest.notice_tag);
+    auto n = s.engine->notify(s.peer, s.dest.notice_tag, 0, s.batch.post_by);
     if (!n.ok()) {
       s.fail(n.status());
       return false;
@@ -296,8 +327,12 @@ void KvSender::start_finish(uint64_t notice_value) {
       }
     }
   }
+  if (send_notice && s.lease_over(Clock::now())) {
+    send_notice = false;
+    s.fail(s.lease_ended("its notice is not sent"));
+  }
   if (send_notice) {
-    auto n = s.engine->notify(s.peer, s.dest.notice_tag, notice_value);
+    auto n = s.engine->notify(s.peer, s.dest.notice_tag, notice_value, s.batch.post_by);
     if (n.ok()) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.notice = std::move(*n);

@@ -16,6 +16,11 @@
 // it fails the transfers that rail had started, moves its untouched queued work to a fresh
 // rail and leaks the stuck one. Peers that connected to a replaced rail must connect again.
 // A caller thread that was itself posting when the peer died can stay stuck in the provider.
+// A fault of one peer fails only that peer's transfers: the rail's endpoint is rebuilt, and
+// other peers' writes and notices go out again on the new one (a notice keeps its id, and the
+// receiver hands a copy over once). A write the target refuses (its key was revoked) fails at
+// once on tcp (the target drops the connection); shm never answers it, so it fails after
+// completion_timeout_ms.
 //
 // Ordering: a batch's notice is sent only after every write of the batch has completed (with
 // FI_DELIVERY_COMPLETE when the provider accepts it), so a peer that sees the notice can read
@@ -54,6 +59,12 @@ struct Batch {
   std::vector<WriteOp> writes;
   // When set, a notice with this tag goes to the peer after every write has been placed.
   std::optional<uint64_t> notify_tag;
+  // When set, nothing of the batch (write slice or notice) is handed to the provider at or
+  // after this instant: the transfer then fails with DEADLINE_EXCEEDED ("not posted by its
+  // deadline") and its notice is not sent. What was posted before stays posted (a write on its
+  // way cannot be called back). For a destination that stops accepting writes at a known time
+  // (a reservation's lease).
+  std::optional<std::chrono::steady_clock::time_point> post_by = std::nullopt;
 };
 
 // A notice received from a peer.
@@ -125,8 +136,10 @@ class TransferEngine {
   // them and queues the slices over the rails.
   Result<TransferHandle> submit(const Batch& batch);
   // A notice ordered after every batch submitted to `peer` before this call, carrying `value`
-  // (e.g. the first token sampled after the KV it announces).
-  Result<TransferHandle> notify(uint64_t peer, uint64_t tag, uint64_t value = 0);
+  // (e.g. the first token sampled after the KV it announces); `post_by` as in Batch.
+  Result<TransferHandle> notify(
+      uint64_t peer, uint64_t tag, uint64_t value = 0,
+      std::optional<std::chrono::steady_clock::time_point> post_by = std::nullopt);
 
   // Notices received so far (and removes them); wait_notice blocks up to `timeout` for one.
   std::vector<Notice> take_notices();

@@ -15,6 +15,7 @@ enum class TransferErrorKind : uint8_t {
   kTimeout,                // no completion within completion_timeout_ms
   kCompletionError,        // the provider reported an error completion (fi_cq_readerr)
   kPostError,              // fi_write / fi_send failed with something other than -FI_EAGAIN
+  kPastDeadline,           // not posted by the batch's post_by (the destination's lease ended)
   kCount,
 };
 const char* error_kind_name(TransferErrorKind kind);

@@ -70,8 +70,21 @@ inline std::optional<int32_t> token_of_notice_value(uint64_t value) {
 // engine's finished event) waits for every batch and the notice (sending the notice itself
 // only if no call did). A failed batch makes the next
 // on_layer_ready return false, so the engine cancels the prefill at once.
+//
+// The lease: the decode worker gives the blocks back (and revokes the key the writes use) when
+// dest.lease runs out. The sender counts the lease from create() (the two hosts' clocks cannot
+// be compared) and stops posting lease_margin(lease) before its end: nothing is handed to the
+// transfer engine after that (batches carry it as their post_by, so slices still queued in
+// the engine are not posted either), the transfer fails with DEADLINE_EXCEEDED naming the
+// lease, and no notice is sent. The margin covers the time from the decode worker's Reserve
+// to create() (the Reserve reply, the router, the Prefill call: the lease began that much
+// earlier than the sender counts) and the flight of the last posted write, so that what was
+// posted lands before the key is revoked. A lease of 0 (none given) sets no bound.
 class KvSender final : public KvExportSink, public std::enable_shared_from_this<KvSender> {
  public:
+  // min(lease / 10, 500 ms): 500 ms of the default 10 s lease, 20 ms of a 200 ms one.
+  static std::chrono::milliseconds lease_margin(std::chrono::milliseconds lease);
+
   // `engine` outlives the sender; `peer` is engine.connect(dest.transfer_address).
   // InvalidArgument when dest.blocks do not cover `prompt_len` positions or the layouts are
   // not compatible (pairing_mismatch), FailedPrecondition for a fingerprint mismatch.

@@ -94,6 +94,11 @@ class PeerProcess {
     if (stdout_fd_ >= 0) close(stdout_fd_);
   }
   bool started() const { return pid_ > 0; }
+  // Writes `line` and a newline to the child's stdin.
+  bool send_line(const std::string& line) {
+    std::string l = line + "\n";
+    return ::write(stdin_fd_, l.data(), l.size()) == static_cast<ssize_t>(l.size());
+  }
   void kill_now() {
     ::kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);

@@ -3,6 +3,10 @@
 //   DESC <hex remote descriptor>
 // and then, for every notice, hashes part (tag >> 32) of the region (the region is cut into
 // `parts` equal parts) and prints "NOTICE <tag> <hash>". It exits when its stdin closes.
+// Commands on stdin, one a line: REVOKE deregisters the region's current registration (a
+// reservation that ended: writes with its key are refused) and prints "REVOKED <region id>";
+// REGISTER
+// registers the region again and prints "DESC <hex descriptor>" with the new key.
 // With REGION_FILE the region is that file, mapped shared (the test maps it too and can look at
 // the target's memory at any moment, not only when a notice arrives).
 // Usage: transfer_test_peer PROVIDER RAILS REGION_BYTES PARTS [REGION_FILE]
@@ -14,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -60,12 +65,38 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "peer: %s\n", mr.status().to_string().c_str());
     return 1;
   }
-  std::cout << "ADDR " << testing::to_hex(e.address()) << "\n"
-            << "DESC " << testing::to_hex(mr->remote.encode()) << std::endl;
+  std::mutex out_mu;  // stdout is shared by the notice loop and the command thread
+  {
+    std::lock_guard<std::mutex> lock(out_mu);
+    std::cout << "ADDR " << testing::to_hex(e.address()) << "\n"
+              << "DESC " << testing::to_hex(mr->remote.encode()) << std::endl;
+  }
   std::atomic<bool> done{false};
   std::thread stdin_watch([&] {
+    uint64_t live = mr->id;  // 0: revoked, none registered
     std::string line;
-    while (std::getline(std::cin, line)) {}
+    while (std::getline(std::cin, line)) {
+      if (line == "REVOKE" && live != 0) {
+        const uint64_t live_was = live;
+        cleave::Status s = e.deregister(live);
+        live = 0;
+        std::lock_guard<std::mutex> lock(out_mu);
+        if (s.ok()) std::cout << "REVOKED " << live_was << std::endl;
+        else std::cout << "ERROR " << s.to_string() << std::endl;
+      } else if (line == "REGISTER" && live == 0) {
+        auto again = e.register_memory(region, region_bytes, MemoryKind::host());
+        std::lock_guard<std::mutex> lock(out_mu);
+        if (!again.ok()) {
+          std::cout << "ERROR " << again.status().to_string() << std::endl;
+          continue;
+        }
+        live = again->id;
+        std::cout << "DESC " << testing::to_hex(again->remote.encode()) << std::endl;
+      } else if (!line.empty()) {
+        std::lock_guard<std::mutex> lock(out_mu);
+        std::cout << "ERROR unknown or out-of-turn command '" << line << "'" << std::endl;
+      }
+    }
     done = true;
   });
   const uint64_t part_bytes = region_bytes / parts;
@@ -75,6 +106,7 @@ int main(int argc, char** argv) {
     uint64_t part = n->tag >> 32;
     if (part >= parts) part = 0;
     uint64_t h = testing::checksum(region + part * part_bytes, part_bytes);
+    std::lock_guard<std::mutex> lock(out_mu);
     std::cout << "NOTICE " << n->tag << " " << h << std::endl;
   }
   stdin_watch.join();

@@ -286,6 +286,57 @@ TEST_P(TwoProcessTest, KilledPeerFailsWithinTheBoundAndOthersStillWork) {
   EXPECT_TRUE(!h3.ok() || !h3->wait(5s).ok());
 }
 
+// Batch::post_by: slices still queued when it passes are not posted, the batch fails as past
+// its deadline and its notice is not sent; a batch whose deadline has passed is refused.
+TEST_P(TwoProcessTest, NothingOfABatchIsPostedAfterItsDeadline) {
+  const uint64_t region = 32 << 20;
+  Target t = start_target(region, 1);
+  ASSERT_NE(t.peer, 0u);
+  std::vector<char> src(region, 'z');
+  auto mr = engine_->register_memory(src.data(), src.size(), MemoryKind::host());
+  ASSERT_TRUE(mr.ok());
+  auto late = engine_->submit(Batch{t.peer, {{mr->id, 0, t.desc, 0, 16}}, 1,
+                                    std::chrono::steady_clock::now()});
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().to_string();
+  auto late_notice = engine_->notify(t.peer, 2, 0, std::chrono::steady_clock::now());
+  EXPECT_EQ(late_notice.status().code(), StatusCode::kDeadlineExceeded);
+
+  // 100000 writes of 4 KiB that do not coalesce: far more than the TX depths, and more than
+  // both providers move in the 50 ms before the deadline.
+  Batch big{t.peer, {}, 3};
+  const uint64_t slots = region / 8192, writes = 100000;
+  for (uint64_t i = 0; i < writes; ++i) {
+    big.writes.push_back({mr->id, (i % slots) * 8192, t.desc, ((i * 7) % slots) * 8192, 4096});
+  }
+  big.post_by = std::chrono::steady_clock::now() + 50ms;
+  auto h = engine_->submit(big);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  Status st = h->wait(30s);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_NE(st.message().find("not posted: the transfer's deadline passed"), std::string::npos)
+      << st.message();
+  // What was posted before the deadline completes; then nothing more moves.
+  auto after = engine_->metrics();
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(300ms);
+    auto now = engine_->metrics();
+    if (now.rail_bytes == after.rail_bytes) break;
+    after = now;
+  }
+  const uint64_t written = std::accumulate(after.rail_bytes.begin(), after.rail_bytes.end(), 0ull);
+  EXPECT_LT(written, writes * 4096) << "every slice was posted";
+  EXPECT_GT(written, 0u) << "nothing was posted before the deadline";
+  std::printf("%llu of %llu bytes were posted before the deadline\n",
+              static_cast<unsigned long long>(written), static_cast<unsigned long long>(writes * 4096));
+  EXPECT_GE(after.errors[static_cast<size_t>(TransferErrorKind::kPastDeadline)], 1u);
+  EXPECT_FALSE(t.proc->wait_line("NOTICE 3", 300ms).has_value()) << "the notice went out";
+  // The peer still takes batches without a deadline.
+  auto ok = engine_->submit(Batch{t.peer, {{mr->id, 0, t.desc, 0, 4096}}, 4});
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  EXPECT_TRUE(ok->wait(10s).ok());
+  EXPECT_TRUE(t.proc->wait_line("NOTICE 4", 10s).has_value());
+}
+
 TEST_P(TwoProcessTest, BadDescriptorsAreRefusedBeforePosting) {
   Target a = start_target(1 << 20, 1);
   Target b = start_target(1 << 20, 1);

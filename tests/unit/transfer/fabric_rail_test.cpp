@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <map>
 #include <cstring>
 #include <set>
 #include <thread>
@@ -675,7 +676,7 @@ TEST_F(FabricRailTest, ShmEndpointWithADeadPeerIsKeptOpenForTheProcess) {
   }
   // The kept endpoint's receive buffers must still be there (ASan would see a write into freed
   // memory here).
-  NoticeWire wire{kNoticeMagic, 1, 2};
+  NoticeWire wire{kNoticeMagic, 1, 2, 0};
   EXPECT_TRUE(fabric_->deliver_message(std::string(reinterpret_cast<char*>(&wire), sizeof(wire))));
 
   auto other = std::make_shared<FakeFabric>();
@@ -691,7 +692,7 @@ TEST_F(FabricRailTest, ShmEndpointWithADeadPeerIsKeptOpenForTheProcess) {
 
 TEST_F(FabricRailTest, IncomingNoticeIsHandedOverAndItsReceiveReposted) {
   auto rail = make_rail();
-  NoticeWire wire{kNoticeMagic, 0xfeed, 99};
+  NoticeWire wire{kNoticeMagic, 0xfeed, 99, 0};
   ASSERT_TRUE(fabric_->deliver_message(std::string(reinterpret_cast<char*>(&wire), sizeof(wire))));
   ASSERT_TRUE(fabric_->deliver_message("not a notice, just bytes"));
   ASSERT_TRUE(drive(*rail, [&] {
@@ -702,6 +703,89 @@ TEST_F(FabricRailTest, IncomingNoticeIsHandedOverAndItsReceiveReposted) {
   ASSERT_EQ(notices_.size(), 1u);
   EXPECT_EQ(notices_[0].from_engine, 0xfeedu);
   EXPECT_EQ(notices_[0].tag, 99u);
+}
+
+// A notice re-sent after its sender's endpoint was replaced keeps its id: the receiving rail
+// hands it over once. Notices without an id (0) are never taken for copies.
+TEST_F(FabricRailTest, ASecondCopyOfANoticeIsDroppedByItsId) {
+  auto rail = make_rail();
+  auto send = [&](uint64_t tag, uint64_t id) {
+    NoticeWire wire{kNoticeMagic, 0xfeed, tag, id};
+    return fabric_->deliver_message(std::string(reinterpret_cast<char*>(&wire), sizeof(wire)));
+  };
+  ASSERT_TRUE(send(1, 77));
+  ASSERT_TRUE(send(2, 78));
+  ASSERT_TRUE(send(1, 77));  // the copy
+  ASSERT_TRUE(send(3, 0));
+  ASSERT_TRUE(send(3, 0));
+  ASSERT_TRUE(drive(*rail, [&] {
+    std::lock_guard<std::mutex> lock(fabric_->mu);
+    return fabric_->recvs_posted == static_cast<size_t>(RailStorage::kRecvSlots);
+  }));
+  std::lock_guard<std::mutex> lock(notices_mu_);
+  ASSERT_EQ(notices_.size(), 4u);
+  EXPECT_EQ(notices_[0].tag, 1u);
+  EXPECT_EQ(notices_[1].tag, 2u);
+  EXPECT_EQ(notices_[2].tag, 3u);
+  EXPECT_EQ(notices_[3].tag, 3u);
+}
+
+// A connection error of peer A (tcp: a write refused with a revoked key) rebuilds the
+// endpoint: B's notice that was in flight, and B's notice that had completed just before, go
+// out again on the new endpoint with their ids; B's batch succeeds; the old endpoint is closed.
+TEST_F(FabricRailTest, ReopenAfterOnePeersFaultSendsTheOtherPeersNoticesAgain) {
+  TransferSettings s;
+  s.idle_poll_us = 0;
+  fabric_->outcome = [](const FakeOp& op) {
+    if (op.endpoint == 0 && op.peer == "A") return Outcome::error(FI_ECANCELED);
+    // B's second notice never completes on the first endpoint.
+    if (op.endpoint == 0 && op.peer == "B" && op.kind == FakeOp::Kind::kSend &&
+        op.payload.find("\x02", 16) == 16) {
+      return Outcome::never();
+    }
+    return Outcome::complete();
+  };
+  auto rail = make_rail(s);
+  auto a = add_peer(*rail, "A", 0xa);
+  auto b = add_peer(*rail, "B", 0xb);
+  Batch b1 = make_batch(b, 1, 0, 1);
+  auto t1 = b1.state;
+  rail->enqueue(std::move(b1.work));
+  ASSERT_TRUE(drive(*rail, [&] { return t1->is_done(); }));
+  ASSERT_TRUE(status_of(t1).ok()) << status_of(t1).to_string();
+  Batch b2 = make_batch(b, 1, 4096, 2);
+  auto t2 = b2.state;
+  rail->enqueue(std::move(b2.work));
+  ASSERT_TRUE(drive(*rail, [&] { return t2->writes_left.load() == 0; }));
+  Batch ba = make_batch(a, 1, 0);
+  auto ta = ba.state;
+  rail->enqueue(std::move(ba.work));
+  rail->start();
+  const auto deadline = Clock::now() + 20s;
+  while (!(ta->is_done() && t2->is_done()) && Clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_TRUE(ta->is_done() && t2->is_done());
+  EXPECT_EQ(status_of(ta).code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(status_of(t2).ok()) << status_of(t2).to_string();
+  EXPECT_TRUE(a->unreachable.load());
+  EXPECT_FALSE(b->unreachable.load());
+  EXPECT_EQ(rail->reopens(), 1u);
+  EXPECT_TRUE(rail->stop());
+  std::lock_guard<std::mutex> lock(fabric_->mu);
+  EXPECT_EQ(fabric_->endpoints_closed, 1);
+  std::map<uint64_t, std::set<uint64_t>> ids_by_tag[2];  // per endpoint: tag -> ids
+  for (const FakeOp& op : fabric_->accepted) {
+    if (op.kind != FakeOp::Kind::kSend || op.peer != "B") continue;
+    NoticeWire wire;
+    std::memcpy(&wire, op.payload.data(), sizeof(wire));
+    if (wire.magic != kNoticeMagic || op.endpoint > 1) continue;
+    EXPECT_NE(op.flags & FI_DELIVERY_COMPLETE, 0u) << "a notice without delivery-complete";
+    ids_by_tag[op.endpoint][wire.tag].insert(wire.id);
+  }
+  ASSERT_EQ(ids_by_tag[0].size(), 2u);
+  EXPECT_EQ(ids_by_tag[1], ids_by_tag[0]) << "both notices go again, with the same ids";
+  for (const auto& [tag, ids] : ids_by_tag[0]) EXPECT_EQ(ids.size(), 1u);
 }
 
 }  // namespace

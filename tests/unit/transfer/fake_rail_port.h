@@ -143,10 +143,12 @@ class FakeEndpoint final : public RailEndpoint {
     return post(std::move(op), dest);
   }
 
-  ssize_t send(const void* buf, size_t len, void* desc, fi_addr_t dest, void* context) override {
+  ssize_t send(const void* buf, size_t len, void* desc, fi_addr_t dest, uint64_t flags,
+               void* context) override {
     FakeOp op;
     op.kind = FakeOp::Kind::kSend;
     op.len = len;
+    op.flags = flags;
     op.payload.assign(static_cast<const char*>(buf), len);
     op.context = context;
     return post(std::move(op), dest);

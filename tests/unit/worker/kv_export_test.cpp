@@ -735,6 +735,68 @@ TEST_P(KvSenderTest, CreateRefusesMismatchesAndShortReservations) {
   EXPECT_TRUE(make(destination(dst, {0, 1, 2, 3, 4, 5, 6, 7, 8}), 97).ok()) << "spare blocks";
 }
 
+// The destination's lease runs out between two chunks: the sender posts nothing more (the
+// decode worker would refuse it, or worse), fails naming the lease, and sends no notice.
+TEST_P(KvSenderTest, NothingIsPostedAfterTheLeaseEndsAndNoNoticeGoesOut) {
+  Side src = make_side(12), dst = make_side(40);
+  ASSERT_TRUE(src.engine && dst.engine);
+  fill(*src.pool, 0.5f);
+  auto peer = src.engine->connect(dst.engine->address());
+  ASSERT_TRUE(peer.ok());
+  const std::vector<BlockId> sb = {0, 1, 2, 3, 4, 5, 6}, db = {10, 11, 12, 13, 14, 15, 16};
+  KvDestination dest = destination(dst, db);
+  dest.lease = 400ms;
+  EXPECT_EQ(KvSender::lease_margin(dest.lease), 40ms);
+  EXPECT_EQ(KvSender::lease_margin(10s), 500ms);
+  EXPECT_EQ(KvSender::lease_margin(0ms), 0ms);
+  auto sender = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(), kFingerprint,
+                                 dest, kPrompt);
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  KvSender& s = **sender;
+  const auto created = Clock::now();
+  for (int64_t layer = 0; layer < 4; ++layer) ASSERT_TRUE(s.on_layer_ready(layer, 0, 48, sb, false));
+  ASSERT_TRUE(s.drain(5s));
+  ASSERT_TRUE(s.failure().ok()) << s.failure().to_string();
+  const uint64_t bytes_before = s.bytes();
+  const auto writes_before = src.engine->metrics().rail_writes;
+  std::vector<std::byte> landed(dst.pool->data(), dst.pool->data() + dst.pool->size_bytes());
+
+  std::this_thread::sleep_until(created + dest.lease - KvSender::lease_margin(dest.lease) + 10ms);
+  EXPECT_FALSE(s.on_layer_ready(0, 48, kPrompt, sb, true)) << "a chunk went out after the lease";
+  Status st = s.finish(2s);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.to_string();
+  EXPECT_NE(st.message().find("the lease of 400 ms on decode worker decode-0's blocks has ended"),
+            std::string::npos)
+      << st.message();
+  EXPECT_EQ(s.bytes(), bytes_before);
+  EXPECT_EQ(src.engine->metrics().rail_writes, writes_before) << "writes were posted";
+  EXPECT_FALSE(dst.engine->wait_notice(300ms).ok()) << "a notice went out after the lease";
+  EXPECT_EQ(std::memcmp(landed.data(), dst.pool->data(), landed.size()), 0);
+  EXPECT_TRUE(s.drain(1s));
+}
+
+// No lease given (0): no bound, the handoff completes however long it takes.
+TEST_P(KvSenderTest, WithoutALeaseTheSenderSetsNoBound) {
+  Side src = make_side(12), dst = make_side(40);
+  ASSERT_TRUE(src.engine && dst.engine);
+  auto peer = src.engine->connect(dst.engine->address());
+  ASSERT_TRUE(peer.ok());
+  const std::vector<BlockId> sb = {0, 1, 2, 3, 4, 5, 6}, db = {10, 11, 12, 13, 14, 15, 16};
+  KvDestination dest = destination(dst, db);
+  dest.lease = 0ms;
+  auto sender = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(), kFingerprint,
+                                 dest, kPrompt);
+  ASSERT_TRUE(sender.ok());
+  for (int64_t layer = 0; layer < 4; ++layer) ASSERT_TRUE((*sender)->on_layer_ready(layer, 0, 48, sb, false));
+  std::this_thread::sleep_for(100ms);
+  for (int64_t layer = 0; layer < 4; ++layer) {
+    ASSERT_TRUE((*sender)->on_layer_ready(layer, 48, kPrompt, sb, true));
+  }
+  Status st = (*sender)->finish(5s);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(dst.engine->wait_notice(5s).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, KvSenderTest, ::testing::Values("tcp;ofi_rxm", "shm"),
                          [](const auto& info) {
                            return info.param == "shm" ? std::string("shm") : std::string("tcp_rxm");
