@@ -396,15 +396,22 @@ Status KvSender::finish(std::chrono::milliseconds timeout) {
 
 void KvSender::when_all_done(std::function<void()> done) {
   // One count for every handle, plus one held here until every callback is registered, so that
-  // handles finishing meanwhile cannot run `done` early.
+  // handles finishing meanwhile cannot run `done` early. The last to arrive records the ended
+  // handles' failures, then runs `done`.
   struct Join {
     std::atomic<int64_t> left{1};
+    std::shared_ptr<State> state;
     std::function<void()> done;
     void arrive() {
-      if (left.fetch_sub(1, std::memory_order_acq_rel) == 1) done();
+      if (left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      for (const auto& h : state->all_handles()) {
+        if (std::optional<Status> r = h.poll(); r && !r->ok()) state->fail(*r);
+      }
+      done();
     }
   };
   auto join = std::make_shared<Join>();
+  join->state = state_;
   join->done = std::move(done);
   std::vector<transfer::TransferHandle> handles = state_->all_handles();
   join->left.fetch_add(static_cast<int64_t>(handles.size()), std::memory_order_relaxed);
@@ -415,23 +422,10 @@ void KvSender::when_all_done(std::function<void()> done) {
 void KvSender::finish_async(std::function<void(Status)> done, uint64_t notice_value) {
   start_finish(notice_value);
   auto self = shared_from_this();
-  when_all_done([self, done = std::move(done)] {
-    for (const auto& h : self->state_->all_handles()) {
-      if (std::optional<Status> r = h.poll(); r && !r->ok()) self->state_->fail(*r);
-    }
-    done(self->finished_result());
-  });
+  when_all_done([self, done = std::move(done)] { done(self->finished_result()); });
 }
 
-void KvSender::when_drained(std::function<void()> done) {
-  auto self = shared_from_this();
-  when_all_done([self, done = std::move(done)] {
-    for (const auto& h : self->state_->all_handles()) {
-      if (std::optional<Status> r = h.poll(); r && !r->ok()) self->state_->fail(*r);
-    }
-    done();
-  });
-}
+void KvSender::when_drained(std::function<void()> done) { when_all_done(std::move(done)); }
 
 bool KvSender::drain(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;

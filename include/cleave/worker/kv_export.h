@@ -140,6 +140,7 @@ class KvSender final : public KvExportSink, public std::enable_shared_from_this<
   void start_finish(uint64_t notice_value = 0);
   // finish()'s result once every batch and the notice have ended.
   Status finished_result();
+  // Runs `done` once every batch and the notice have ended, their failures recorded first.
   void when_all_done(std::function<void()> done);
   struct State;
   std::shared_ptr<State> state_;

@@ -155,6 +155,9 @@ class DispatchCall final : public DispatchHandle,
   void drop_early_stream();
   void start_generate();
   void on_stream_event(TokenStream& stream, v1::TokenEvent& event);
+  // A stream event the observer gets now (from the stream, or from open_gate's held-back
+  // queue): the idle deadline moves, a decode's final usage gets the prefill's cache hits.
+  void deliver_streamed(PoolRole role, v1::TokenEvent& event);
   void on_stream_done(TokenStream& stream, const grpc::Status& status, bool finished_seen);
   // A stream's end as the request's flow acts on it (at once, or after the gate opened).
   void stream_ended(const std::shared_ptr<WorkerEndpoint>& worker, const char* rpc, uint64_t id,

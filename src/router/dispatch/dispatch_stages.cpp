@@ -281,13 +281,7 @@ void DispatchCall::open_gate() {
         break;
       }
     }
-    for (v1::TokenEvent& ev : batch) {
-      attempt_streamed_.store(true, std::memory_order_relaxed);
-      if (ev.finished() && ev.has_usage()) {
-        ev.mutable_usage()->set_cached_prompt_tokens(cached_prompt_tokens_);
-      }
-      (void)deliver(ev);
-    }
+    for (v1::TokenEvent& ev : batch) deliver_streamed(PoolRole::kDecode, ev);
     batch.clear();
   }
   if (done) stream_ended(done->worker, "Decode", done->id, done->status, done->finished_seen);
@@ -320,6 +314,10 @@ void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
       }
     }
   }
+  deliver_streamed(stream.worker->role, event);
+}
+
+void DispatchCall::deliver_streamed(PoolRole role, v1::TokenEvent& event) {
   // Every event moves the idle deadline (unless the watchdog has already fired).
   const int64_t next = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            (Clock::now() + core_->options.timeouts.stream_idle).time_since_epoch())
@@ -329,7 +327,7 @@ void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
          !watch_deadline_ns_.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
   }
   attempt_streamed_.store(true, std::memory_order_relaxed);
-  if (stream.worker->role == PoolRole::kDecode && event.finished() && event.has_usage()) {
+  if (role == PoolRole::kDecode && event.finished() && event.has_usage()) {
     // The usage of the whole request: the prompt tokens the prefill found in its cache.
     event.mutable_usage()->set_cached_prompt_tokens(cached_prompt_tokens_);
   }
