@@ -1,13 +1,14 @@
 // Datasets read from files: Mooncake traces (JSONL) and ShareGPT (JSON).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
+#include "cleave/model/tokenizer.h"
 #include "workload_internal.h"
 
 namespace cleave::bench {
@@ -69,10 +70,10 @@ Result<TraceEntry> parse_trace_line(std::string_view line, int64_t line_no) {
 }
 
 WorkloadRequest trace_request(const TraceEntry& e, double time_scale, double length_scale,
-                              std::vector<PromptBlock>* chain) {
+                              const WordList& list, std::vector<PromptBlock>* chain) {
   const int64_t block = std::max<int64_t>(1, std::llround(kTraceBlockTokens * length_scale));
   int64_t left = std::max<int64_t>(1, std::llround(static_cast<double>(e.input_length) * length_scale));
-  PromptBuilder p;
+  PromptBuilder p(list);
   for (const int64_t id : e.hash_ids) {
     if (left <= 0) break;
     const int64_t words = std::min(block, left);
@@ -90,11 +91,13 @@ WorkloadRequest trace_request(const TraceEntry& e, double time_scale, double len
   return r;
 }
 
-WorkloadRequest trace_request(const TraceEntry& e, double time_scale, double length_scale) {
-  return trace_request(e, time_scale, length_scale, nullptr);
+WorkloadRequest trace_request(const TraceEntry& e, double time_scale, double length_scale,
+                              const WordList& list) {
+  return trace_request(e, time_scale, length_scale, list, nullptr);
 }
 
 Result<Workload> trace_workload(const std::string& path, const WorkloadOptions& o,
+                                const WordList& list,
                                 std::vector<std::vector<PromptBlock>>* chains) {
   if (!(o.time_scale >= 0) || !std::isfinite(o.time_scale)) {
     return InvalidArgument(fmt::format("--time-scale {} is not a non-negative number", o.time_scale));
@@ -120,7 +123,7 @@ Result<Workload> trace_workload(const std::string& path, const WorkloadOptions& 
     if (first_ms < 0) first_ms = e->timestamp_ms;
     e->timestamp_ms -= first_ms;  // a slice that starts late still starts at once
     std::vector<PromptBlock> chain;
-    w.requests.push_back(trace_request(*e, o.time_scale, o.length_scale, &chain));
+    w.requests.push_back(trace_request(*e, o.time_scale, o.length_scale, list, &chain));
     chains->push_back(std::move(chain));
   }
   if (w.requests.empty()) return InvalidArgument(fmt::format("trace file '{}' has no requests", path));
@@ -137,7 +140,16 @@ Result<Workload> sharegpt_workload(const std::string& path, const WorkloadOption
   if (j.is_discarded() || !j.is_array()) {
     return InvalidArgument(fmt::format("ShareGPT file '{}' is not a JSON list", path));
   }
-  std::vector<std::pair<std::string, int64_t>> pairs;  // prompt, output words
+  // Lengths in tokens of the workload's tokenizer (vLLM's way), else in words.
+  const auto length_of = [&](const std::string& text) -> int64_t {
+    if (!o.tokenizer) return count_words(text);
+    return static_cast<int64_t>(o.tokenizer->encode(text, EncodeOptions{}).size());
+  };
+  struct Pair {
+    std::string prompt;
+    int64_t in = 0, out = 0;
+  };
+  std::vector<Pair> pairs;
   for (const auto& conv : j) {
     if (!conv.is_object()) continue;
     auto c = conv.find("conversations");
@@ -149,10 +161,10 @@ Result<Workload> sharegpt_workload(const std::string& path, const WorkloadOption
       continue;
     }
     const std::string prompt = q["value"].get<std::string>();
-    const int64_t in = count_words(prompt), out = count_words(a["value"].get<std::string>());
+    const int64_t in = length_of(prompt), out = length_of(a["value"].get<std::string>());
     // vLLM's filter: at least 4 tokens each, at most 1024 of prompt and 2048 in all.
     if (in < 4 || out < 4 || in > 1024 || in + out > 2048) continue;
-    pairs.emplace_back(prompt, out);
+    pairs.push_back({prompt, in, out});
   }
   if (pairs.empty()) {
     return InvalidArgument(fmt::format("ShareGPT file '{}' has no usable conversation", path));
@@ -163,9 +175,9 @@ Result<Workload> sharegpt_workload(const std::string& path, const WorkloadOption
   w.name = "sharegpt:" + path;
   for (size_t i = 0; static_cast<int64_t>(w.requests.size()) < o.num_prompts && i < pairs.size(); ++i) {
     WorkloadRequest r;
-    r.prompt = pairs[i].first;
-    r.input_len = count_words(r.prompt);
-    r.output_len = pairs[i].second;
+    r.prompt = pairs[i].prompt;
+    r.input_len = pairs[i].in;
+    r.output_len = pairs[i].out;
     chains->push_back({PromptBlock{std::hash<std::string>{}(r.prompt), r.input_len}});
     w.requests.push_back(std::move(r));
   }

@@ -1,12 +1,15 @@
-// Synthetic workloads (random and the presets), block text, gamma arrivals, prefix reuse.
+// Synthetic workloads (random and the presets), block text and its words, gamma arrivals,
+// prefix reuse.
+#include "cleave/bench/workload.h"
+
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_set>
 
-#include <fmt/format.h>
-
-#include "cleave/bench/workload.h"
+#include "cleave/model/tokenizer.h"
 #include "workload_internal.h"
 
 namespace cleave::bench {
@@ -26,7 +29,6 @@ constexpr std::string_view kWords[] = {
     "this", "my", "your", "our", "their", "no", "yes", "more", "some", "many", "each", "every",
     "jump", "walk", "talk", "eat", "sleep", "smile", "laugh", "sing", "read", "draw", "share",
     "kind", "nice", "fun", "small", "long", "fast", "slow", "warm", "cold", "bright"};
-constexpr size_t kWordCount = sizeof(kWords) / sizeof(kWords[0]);
 
 uint64_t splitmix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -49,12 +51,44 @@ uint64_t unique_id(uint64_t space, uint64_t seed, uint64_t i) {
 
 }  // namespace
 
-std::string block_text(uint64_t block_id, int64_t words) {
+const WordList& builtin_words() {
+  static const WordList list(std::begin(kWords), std::end(kWords));
+  return list;
+}
+
+Result<WordList> one_token_words(const Tokenizer& tok, size_t max_words) {
+  WordList out;
+  const EncodeOptions plain;
+  for (int32_t id = 0; id < tok.vocab_size() && out.size() < max_words; ++id) {
+    if (tok.is_control(id)) continue;
+    // A word piece: a space, then 2-12 lower-case ASCII letters (SPM's U+2581 is a space here).
+    const std::string piece = tok.token_to_piece(id);
+    if (piece.size() < 3 || piece.size() > 13 || piece[0] != ' ') continue;
+    std::string word = piece.substr(1);
+    if (!std::all_of(word.begin(), word.end(), [](char c) { return c >= 'a' && c <= 'z'; })) {
+      continue;
+    }
+    // One token at the start of a text (where SPM adds its space and byte-level BPE has none)
+    // and after a space: "word word" is two tokens.
+    if (tok.encode(word, plain).size() != 1) continue;
+    if (tok.encode(word + " " + word, plain).size() != 2) continue;
+    out.push_back(std::move(word));
+  }
+  if (out.size() < 16) {
+    return FailedPrecondition(fmt::format(
+        "the tokenizer has {} words of one token (at least 16 are needed), so prompts cannot "
+        "be sized in its tokens",
+        out.size()));
+  }
+  return out;
+}
+
+std::string block_text(uint64_t block_id, int64_t words, const WordList& list) {
   std::string out;
   uint64_t state = splitmix(block_id ^ 0x5eed5eed5eedull);
   for (int64_t i = 0; i < words; ++i) {
     state = splitmix(state);
-    out += kWords[state % kWordCount];
+    out += list[state % list.size()];
     out += ' ';
   }
   return out;
@@ -62,7 +96,7 @@ std::string block_text(uint64_t block_id, int64_t words) {
 
 void PromptBuilder::add(uint64_t block_id, int64_t words) {
   if (words <= 0) return;
-  text += block_text(block_id, words);
+  text += block_text(block_id, words, *list);
   blocks.push_back({block_id, words});
   this->words += words;
 }
@@ -70,6 +104,7 @@ void PromptBuilder::add(uint64_t block_id, int64_t words) {
 WorkloadRequest PromptBuilder::request(int64_t output_len) const {
   WorkloadRequest r;
   r.prompt = text;
+  if (!r.prompt.empty() && r.prompt.back() == ' ') r.prompt.pop_back();
   r.input_len = words;
   r.output_len = std::max<int64_t>(1, output_len);
   return r;
@@ -111,7 +146,8 @@ struct Synth {
   }
 };
 
-Workload random_workload(const WorkloadOptions& o, std::vector<std::vector<PromptBlock>>* chains) {
+Workload random_workload(const WorkloadOptions& o, const WordList& list,
+                         std::vector<std::vector<PromptBlock>>* chains) {
   Workload w;
   w.name = "random";
   Synth s{std::mt19937_64(o.seed)};
@@ -121,7 +157,7 @@ Workload random_workload(const WorkloadOptions& o, std::vector<std::vector<Promp
     return s.uniform(lo, hi);
   };
   for (int64_t i = 0; i < o.num_prompts; ++i) {
-    PromptBuilder p;
+    PromptBuilder p(list);
     const int64_t in = range(o.random_input_len);
     const int64_t out = range(o.random_output_len);
     p.add(unique_id(kSpaceRandom, o.seed, static_cast<uint64_t>(i)), in);
@@ -131,7 +167,7 @@ Workload random_workload(const WorkloadOptions& o, std::vector<std::vector<Promp
   return w;
 }
 
-Workload preset_workload(const std::string& name, const WorkloadOptions& o,
+Workload preset_workload(const std::string& name, const WorkloadOptions& o, const WordList& list,
                          std::vector<std::vector<PromptBlock>>* chains) {
   Workload w;
   w.name = "preset:" + name;
@@ -145,7 +181,7 @@ Workload preset_workload(const std::string& name, const WorkloadOptions& o,
   };
   if (name == "chat") {
     for (int64_t i = 0; i < o.num_prompts; ++i) {
-      PromptBuilder p;
+      PromptBuilder p(list);
       p.add(fresh(kSpaceChat), len(64, 512));
       push(p, len(64, 384));
     }
@@ -154,7 +190,7 @@ Workload preset_workload(const std::string& name, const WorkloadOptions& o,
     constexpr uint64_t kPassages = 200;
     const int64_t passage_words = scaled(512, o.scale);
     for (int64_t i = 0; i < o.num_prompts; ++i) {
-      PromptBuilder p;
+      PromptBuilder p(list);
       p.add(kSpaceRag | 0, scaled(128, o.scale));  // the shared instruction
       const int64_t passages = s.uniform(4, 16);   // 2K-8K tokens of context
       for (int64_t k = 0; k < passages; ++k) {
@@ -166,14 +202,14 @@ Workload preset_workload(const std::string& name, const WorkloadOptions& o,
     }
   } else if (name == "reasoning") {
     for (int64_t i = 0; i < o.num_prompts; ++i) {
-      PromptBuilder p;
+      PromptBuilder p(list);
       p.add(fresh(kSpaceReasoning), len(32, 256));
       push(p, len(2048, 8192));
     }
   } else if (name == "agentic") {
     const int64_t system_words = scaled(1024, o.scale);  // system prompt and tool schemas
     while (static_cast<int64_t>(w.requests.size()) < o.num_prompts) {
-      PromptBuilder p;
+      PromptBuilder p(list);
       p.add(kSpaceAgentic | 0, system_words);
       p.add(fresh(kSpaceAgentic), len(32, 128));  // the user's task
       const int64_t turns = s.uniform(5, 10);
@@ -210,20 +246,25 @@ Result<Workload> build_workload(const WorkloadOptions& o) {
   if (!(o.scale > 0) || !std::isfinite(o.scale)) {
     return InvalidArgument(fmt::format("--scale {} is not a positive number", o.scale));
   }
+  WordList sized;
+  if (o.tokenizer) {
+    CLEAVE_ASSIGN_OR_RETURN(sized, one_token_words(*o.tokenizer));
+  }
+  const WordList& list = o.tokenizer ? sized : builtin_words();
   std::vector<std::vector<PromptBlock>> chains;
   Workload w;
   const std::string& d = o.dataset;
   if (d == "random") {
-    w = random_workload(o, &chains);
+    w = random_workload(o, list, &chains);
   } else if (d.starts_with("preset:")) {
     const std::string name = d.substr(7);
-    w = preset_workload(name, o, &chains);
+    w = preset_workload(name, o, list, &chains);
     if (w.requests.empty()) {
       return InvalidArgument(fmt::format(
           "--dataset {}: unknown preset '{}' (chat, rag, reasoning or agentic)", d, name));
     }
   } else if (d.starts_with("trace:")) {
-    CLEAVE_ASSIGN_OR_RETURN(w, trace_workload(d.substr(6), o, &chains));
+    CLEAVE_ASSIGN_OR_RETURN(w, trace_workload(d.substr(6), o, list, &chains));
   } else if (d.starts_with("sharegpt:")) {
     CLEAVE_ASSIGN_OR_RETURN(w, sharegpt_workload(d.substr(9), o, &chains));
   } else {

@@ -8,6 +8,8 @@
 #include "cleave/bench/serve_bench.h"
 #include "cleave/bench/sweep.h"
 #include "cleave/bench/tune.h"
+#include "cleave/model/default_model.h"
+#include "cleave/model/tokenizer.h"
 #include "commands.h"
 
 namespace cleave::cli {
@@ -15,7 +17,7 @@ namespace {
 
 struct ServeArgs {
   std::string base_url = "http://127.0.0.1:8000", endpoint = "completions", model, dataset = "random";
-  std::string request_rate = "inf", percentiles = "99", save_result, api_key;
+  std::string request_rate = "inf", percentiles = "99", save_result, api_key, tokenizer;
   std::vector<std::string> goodput;
   int64_t num_prompts = 1000, random_input_len = 1024, random_output_len = 128;
   double random_range_ratio = 0.0, burstiness = 1.0, scale = 1.0, time_scale = 1.0,
@@ -34,7 +36,8 @@ void add_common_flags(CLI::App* cmd, ServeArgs* a, bool with_rate) {
                   "random, preset:chat|rag|reasoning|agentic, trace:FILE (Mooncake JSONL) or "
                   "sharegpt:FILE");
   cmd->add_option("--num-prompts", a->num_prompts, "requests to send (random, presets, sharegpt)");
-  cmd->add_option("--random-input-len", a->random_input_len, "random: prompt length (words ~ tokens)");
+  cmd->add_option("--random-input-len", a->random_input_len,
+                  "random: prompt length (tokens with --tokenizer, else words)");
   cmd->add_option("--random-output-len", a->random_output_len, "random: max_tokens");
   cmd->add_option("--random-range-ratio", a->random_range_ratio,
                   "random: lengths drawn from [len*(1-r), len*(1+r)]");
@@ -46,6 +49,9 @@ void add_common_flags(CLI::App* cmd, ServeArgs* a, bool with_rate) {
   cmd->add_option("--burstiness", a->burstiness, "gamma shape of the arrivals (1: Poisson)");
   cmd->add_option("--max-concurrency", a->max_concurrency, "requests in flight at most (0: no cap)");
   cmd->add_option("--seed", a->seed, "seed of the workload and the arrivals");
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "GGUF file or Hugging Face directory of the served model's tokenizer: prompts "
+                  "are then sized in its tokens (else in words)");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "generate max_tokens tokens whatever the model says");
   cmd->add_option("--temperature", a->temperature, "sampling temperature of every request");
   cmd->add_option("--goodput", a->goodput, "SLOs in ms: ttft:MS tpot:MS e2el:MS")->expected(1, 3);
@@ -113,6 +119,11 @@ bool to_options(const ServeArgs& a, std::string_view cmd, bench::ServeBenchOptio
   w->time_scale = a.time_scale;
   w->length_scale = a.length_scale;
   w->seed = a.seed;
+  if (!a.tokenizer.empty()) {
+    auto tok = load_tokenizer(a.tokenizer);
+    if (!tok.ok()) return bad("--tokenizer " + a.tokenizer + ": " + tok.status().message());
+    w->tokenizer = std::move(*tok);
+  }
   return true;
 }
 
@@ -334,6 +345,16 @@ void add_tune_command(CLI::App& app, int* exit_code) {
     o.workload.time_scale = a->time_scale;
     o.workload.length_scale = a->length_scale;
     o.workload.seed = a->seed;
+    // Prompts sized in the served model's tokens: its own tokenizer, or the embedded default's.
+    auto model_path = a->model.empty() ? ensure_default_model() : Result<std::string>(a->model);
+    auto tok = model_path.ok() ? load_tokenizer(*model_path)
+                               : Result<std::unique_ptr<Tokenizer>>(model_path.status());
+    if (!tok.ok()) {
+      std::cerr << "cleave tune: tokenizer of the model: " << tok.status().message() << "\n";
+      *exit_code = 1;
+      return;
+    }
+    o.workload.tokenizer = std::move(*tok);
     if (a->max_runs <= 0 || a->max_candidates <= 0) {
       std::cerr << "cleave tune: --max-runs and --max-candidates must be positive\n";
       *exit_code = 2;

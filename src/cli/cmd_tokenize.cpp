@@ -4,13 +4,11 @@
 //                               each id preceded by a space, as the .out files of the suites
 // M is a GGUF file (a vocab-only one is enough) or a directory with tokenizer.json.
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 
-#include "cleave/model/gguf.h"
 #include "fmt/format.h"
 #include "cleave/model/tokenizer.h"
 #include "commands.h"
@@ -26,18 +24,6 @@ struct TokenizeArgs {
   bool parse_special = false;
   bool pieces = false;
 };
-
-Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
-  std::error_code ec;
-  TokenizerSpec spec;
-  if (std::filesystem::is_directory(path, ec)) {
-    CLEAVE_ASSIGN_OR_RETURN(spec, tokenizer_spec_from_hf_dir(path));
-  } else {
-    CLEAVE_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
-    CLEAVE_ASSIGN_OR_RETURN(spec, tokenizer_spec_from_gguf(gguf));
-  }
-  return Tokenizer::create(spec);
-}
 
 Result<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

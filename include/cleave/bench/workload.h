@@ -1,10 +1,17 @@
 // The requests of a `cleave bench serve` run: prompts, output lengths and arrival times.
 //
-// Prompts are text made of words (a word stands for one token: the client has no tokenizer,
-// and the server's usage.prompt_tokens gives the real count). A prompt is built from *blocks*:
+// Prompts are text made of words, one space between them. A prompt is built from *blocks*:
 // block id -> a fixed run of words drawn from a generator seeded by the id, so that requests
 // naming the same block ids in the same order share that text, and the server's prefix cache
 // sees the shared prefix, as the traffic behind a Mooncake trace did.
+//
+// Lengths are in tokens of the served model when the workload is given its tokenizer
+// (WorkloadOptions::tokenizer; `--tokenizer`, and `cleave tune` uses its model's): the words are
+// then drawn from those that are one token each in it, wherever they stand (one_token_words),
+// so a prompt of N words is N tokens of text (the server adds BOS or the chat template), and
+// ShareGPT's prompt and reply lengths are counted by encoding them, as vLLM does. Without a
+// tokenizer a word stands for one token: a built-in list of short common words, most of them
+// one token in most vocabularies; the server's usage.prompt_tokens then gives the true count.
 //
 // Datasets:
 //   random          --random-input-len / --random-output-len, each drawn uniformly from
@@ -21,10 +28,12 @@
 //                   512-token blocks), the first --max-requests lines; lengths and the block
 //                   size times --length-scale, timestamps times --time-scale.
 //   sharegpt:FILE   ShareGPT JSON: the first human turn of each conversation is the prompt and
-//                   the length (in words) of the reply after it is the output length.
+//                   the length of the reply after it is the output length (tokens with a
+//                   tokenizer, else words).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -33,11 +42,15 @@
 
 #include "cleave/common/status.h"
 
+namespace cleave {
+class Tokenizer;
+}
+
 namespace cleave::bench {
 
 struct WorkloadRequest {
   std::string prompt;
-  int64_t input_len = 0;   // in words (= tokens the workload meant)
+  int64_t input_len = 0;   // in words (tokens of the workload's tokenizer when it has one)
   int64_t output_len = 1;  // max_tokens
   // Arrival in seconds from the start of the run, when the workload fixes it (traces);
   // otherwise the run draws arrivals from --request-rate / --burstiness.
@@ -64,13 +77,25 @@ struct WorkloadOptions {
   int64_t max_requests = 1000;  // traces
   double time_scale = 1.0, length_scale = 1.0;  // traces
   uint64_t seed = 0;
+  // The served model's tokenizer: lengths become its tokens (see the top of this file).
+  std::shared_ptr<const Tokenizer> tokenizer;
 };
 
 Result<Workload> build_workload(const WorkloadOptions& options);
 
-// The words of block `block_id`, `words` of them (the same id and count: the same text; fewer
-// words: a prefix of it).
-std::string block_text(uint64_t block_id, int64_t words);
+// The words prompts are drawn from.
+using WordList = std::vector<std::string>;
+// The built-in list (short common words; no tokenizer).
+const WordList& builtin_words();
+// The words of `tok`'s vocabulary (lower-case ASCII letters, a token of their own with and
+// without a space before them) that encode to exactly one token each at the start of a text
+// and after a space, in vocabulary order (BPE: the most frequent first), at most `max_words`.
+// FailedPrecondition when fewer than 16 qualify: prompts could not be sized in its tokens.
+Result<WordList> one_token_words(const Tokenizer& tok, size_t max_words = 1024);
+
+// The words of block `block_id`, `words` of them, each followed by a space (the same id and
+// count: the same text; fewer words: a prefix of it), drawn from `list`.
+std::string block_text(uint64_t block_id, int64_t words, const WordList& list = builtin_words());
 
 // One Mooncake trace line, parsed.
 struct TraceEntry {
@@ -83,7 +108,8 @@ Result<TraceEntry> parse_trace_line(std::string_view line, int64_t line_no);
 // The request a trace entry becomes: blocks of round(512 * length_scale) words (at least 1),
 // the last one cut so that the prompt has round(input_length * length_scale) words; output
 // round(output_length * length_scale) (at least 1); arrival timestamp_ms / 1000 * time_scale.
-WorkloadRequest trace_request(const TraceEntry& e, double time_scale, double length_scale);
+WorkloadRequest trace_request(const TraceEntry& e, double time_scale, double length_scale,
+                              const WordList& list = builtin_words());
 
 // Arrival times (seconds from the start) of `n` requests: inter-arrival gaps drawn from a gamma
 // distribution with shape `burstiness` and mean 1 / rate (burstiness 1: Poisson); the first

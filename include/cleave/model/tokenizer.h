@@ -72,5 +72,7 @@ class StreamDecoder {
 Result<TokenizerSpec> tokenizer_spec_from_gguf(const GgufFile& gguf);
 // Reads a Hugging Face tokenizer.json (and tokenizer_config.json beside it when present).
 Result<TokenizerSpec> tokenizer_spec_from_hf_dir(const std::string& dir);
+// The tokenizer of `path`: a GGUF file (a vocab-only one is enough) or a Hugging Face directory.
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path);
 
 }  // namespace cleave

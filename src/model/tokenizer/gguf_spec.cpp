@@ -1,5 +1,8 @@
-// tokenizer_spec_from_gguf: reads tokenizer.ggml.* metadata into a TokenizerSpec and validates it.
+// tokenizer_spec_from_gguf: reads tokenizer.ggml.* metadata into a TokenizerSpec and validates it;
+// load_tokenizer: the tokenizer of a GGUF file or a Hugging Face directory.
 #include <fmt/format.h>
+
+#include <filesystem>
 
 #include "cleave/common/log.h"
 #include "cleave/model/gguf.h"
@@ -122,6 +125,18 @@ Result<TokenizerSpec> tokenizer_spec_from_gguf(const GgufFile& gguf) {
   add_known_end_of_turn_tokens(&spec);
   CLEAVE_RETURN_IF_ERROR(check_spec_shape(spec).with_context("GGUF tokenizer"));
   return spec;
+}
+
+Result<std::unique_ptr<Tokenizer>> load_tokenizer(const std::string& path) {
+  std::error_code ec;
+  TokenizerSpec spec;
+  if (std::filesystem::is_directory(path, ec)) {
+    CLEAVE_ASSIGN_OR_RETURN(spec, tokenizer_spec_from_hf_dir(path));
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
+    CLEAVE_ASSIGN_OR_RETURN(spec, tokenizer_spec_from_gguf(gguf));
+  }
+  return Tokenizer::create(spec);
 }
 
 }  // namespace cleave

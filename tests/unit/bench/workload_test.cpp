@@ -1,5 +1,8 @@
 // Workloads of `cleave bench serve`: gamma arrivals and their rescaling, Mooncake trace lines
-// and their hash_ids -> shared prompt prefixes, the presets, ShareGPT, and bad input.
+// and their hash_ids -> shared prompt prefixes, the presets, ShareGPT, prompts sized in a real
+// tokenizer's tokens, and bad input.
+#include "cleave/bench/workload.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,7 +11,8 @@
 #include <fstream>
 #include <numeric>
 
-#include "cleave/bench/workload.h"
+#include "cleave/model/default_model.h"
+#include "cleave/model/tokenizer.h"
 
 namespace cleave::bench {
 namespace {
@@ -20,9 +24,14 @@ std::filesystem::path temp_file(const std::string& name, const std::string& text
   return p;
 }
 
+// Words separated by single spaces (block text ends with one; a prompt does not).
 int64_t words(const std::string& s) {
   int64_t n = 0;
-  for (char c : s) n += c == ' ';
+  bool in_word = false;
+  for (char c : s) {
+    n += !in_word && c != ' ';
+    in_word = c != ' ';
+  }
   return n;
 }
 
@@ -97,7 +106,8 @@ TEST(Trace, HashIdsBecomeSharedPromptPrefixesAndTimesRescale) {
   EXPECT_DOUBLE_EQ(*ra.arrival_s, 1.0);
   EXPECT_DOUBLE_EQ(*rb.arrival_s, 1.5);
   // Blocks 0 and 1 shared: the first 16 words are the same text; the third block differs.
-  EXPECT_EQ(ra.prompt.substr(0, ra.prompt.size()), block_text(0, 8) + block_text(1, 8) + block_text(2, 4));
+  const std::string blocks = block_text(0, 8) + block_text(1, 8) + block_text(2, 4);
+  EXPECT_EQ(ra.prompt, blocks.substr(0, blocks.size() - 1));  // without the last space
   EXPECT_TRUE(rb.prompt.starts_with(block_text(0, 8) + block_text(1, 8)));
   EXPECT_NE(ra.prompt.substr(0, block_text(0, 8).size() * 3), rb.prompt.substr(0, block_text(0, 8).size() * 3));
   // Sharing a block id away from the start shares no prefix.
@@ -255,6 +265,77 @@ TEST(ShareGpt, FirstTurnIsThePromptAndTheReplySetsTheLength) {
   EXPECT_FALSE(build_workload(o).ok());
   std::filesystem::remove(p);
   std::filesystem::remove(bad);
+}
+
+// The tokenizers of the real models the tests have: stories260K (SPM) and, when the install
+// put it in the cache, SmolLM2 (byte-level BPE).
+std::vector<std::pair<std::string, std::string>> model_files() {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto stories =
+      std::filesystem::path(CLEAVE_SOURCE_DIR) / ".." / "shared" / "models" / "stories260K.gguf";
+  if (std::filesystem::exists(stories)) out.emplace_back("stories260K", stories.string());
+  if (std::filesystem::exists(packaged_default_model_path())) {
+    out.emplace_back("SmolLM2", packaged_default_model_path());
+  }
+  return out;
+}
+
+TEST(Tokens, OneTokenWordsAreOneTokenAloneAndInARow) {
+  const auto models = model_files();
+  if (models.empty()) GTEST_SKIP() << "no model with a tokenizer here";
+  for (const auto& [name, path] : models) {
+    auto tok = load_tokenizer(path);
+    ASSERT_TRUE(tok.ok()) << name << ": " << tok.status().to_string();
+    auto list = one_token_words(**tok, 1024);
+    ASSERT_TRUE(list.ok()) << name << ": " << list.status().to_string();
+    EXPECT_GE(list->size(), 16u) << name;
+    EXPECT_LE(list->size(), 1024u) << name;
+    for (const auto& w : *list) {
+      ASSERT_EQ((*tok)->encode(w, {}).size(), 1u) << name << ": '" << w << "'";
+      ASSERT_EQ((*tok)->encode(w + " " + w, {}).size(), 2u) << name << ": '" << w << "'";
+    }
+  }
+}
+
+TEST(Tokens, PromptsOfEveryKindEncodeToTheirInputLength) {
+  const auto models = model_files();
+  if (models.empty()) GTEST_SKIP() << "no model with a tokenizer here";
+  const auto trace = temp_file(
+      "tokens.jsonl",
+      "{\"timestamp\": 0, \"input_length\": 1100, \"output_length\": 9, \"hash_ids\": [0, 1, 2]}\n"
+      "{\"timestamp\": 10, \"input_length\": 1300, \"output_length\": 9, \"hash_ids\": [0, 1, "
+      "3]}\n");
+  for (const auto& [name, path] : models) {
+    auto tok = load_tokenizer(path);
+    ASSERT_TRUE(tok.ok()) << name << ": " << tok.status().to_string();
+    WorkloadOptions o;
+    o.tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tok));
+    o.num_prompts = 12;
+    o.scale = 0.05;
+    o.random_input_len = 77;
+    o.random_range_ratio = 0.5;
+    o.length_scale = 1.0 / 16;
+    for (const std::string& d : std::vector<std::string>{
+             "random", "preset:chat", "preset:rag", "preset:agentic", "trace:" + trace.string()}) {
+      o.dataset = d;
+      auto w = build_workload(o);
+      ASSERT_TRUE(w.ok()) << name << " " << d << ": " << w.status().to_string();
+      ASSERT_FALSE(w->requests.empty());
+      for (const auto& r : w->requests) {
+        EXPECT_EQ(static_cast<int64_t>(o.tokenizer->encode(r.prompt, {}).size()), r.input_len)
+            << name << " " << d << ": '" << r.prompt.substr(0, 80) << "'";
+      }
+      if (d.starts_with("trace:")) {
+        // Shared blocks are a shared prefix in tokens too.
+        const auto a = o.tokenizer->encode(w->requests[0].prompt, {});
+        const auto b = o.tokenizer->encode(w->requests[1].prompt, {});
+        const size_t shared = 2 * 32;  // two 512-token blocks at 1/16
+        ASSERT_GT(a.size(), shared);
+        EXPECT_TRUE(std::equal(a.begin(), a.begin() + shared, b.begin())) << name;
+      }
+    }
+  }
+  std::filesystem::remove(trace);
 }
 
 TEST(Workload, BadOptionsNameTheValue) {
