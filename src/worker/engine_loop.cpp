@@ -92,6 +92,7 @@ void EngineLoop::shutdown() {
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   // The engine thread is gone: the reservations still held end here, fenced like the others.
+  std::lock_guard<std::mutex> state(state_mu_);
   ledger_.end_all();
 }
 
@@ -225,8 +226,10 @@ void EngineLoop::publish_stats() {
 void EngineLoop::run() {
   set_thread_name(opts_.thread_name);
   std::vector<Submission> incoming;
-  std::vector<RequestId> cancels, reservation_releases, pin_releases;
+  std::vector<RequestId> cancels;
   std::vector<std::shared_ptr<ReserveOp>> reserves;
+  std::unique_lock<std::mutex> state(state_mu_);
+  t_state_holder = this;
   // Fails with INTERNAL the requests of a step that threw. plan_ may name sequences the step
   // already finished (their pointers dangle): compared, never dereferenced.
   const auto fail_scheduled = [this](const std::string& what) {
@@ -252,45 +255,33 @@ void EngineLoop::run() {
   for (;;) {
     bool stopping = false;
     {
-      std::unique_lock<std::mutex> lk(mu_);
       // Stalled (waiting for reserved or pinned blocks), the requests alone are no work: only
-      // a queued change or the next lease deadline can let them fit.
+      // a queued change or the next lease deadline can let them fit. The state is free while
+      // the thread waits: a reservation made meanwhile sets rewait_ (its lease may end first).
+      const bool busy = !requests_.empty() && !stalled_;
+      const auto deadline = ledger_.next_deadline();
+      t_state_holder = nullptr;
+      state.unlock();
+      std::unique_lock<std::mutex> lk(mu_);
       const auto has_work = [&] {
-        return stopping_ || !incoming_.empty() || !cancels_.empty() ||
-               (!requests_.empty() && !stalled_) || !reserves_.empty() ||
-               !reservation_releases_.empty() || !pin_releases_.empty();
+        return stopping_ || !incoming_.empty() || !cancels_.empty() || busy || !reserves_.empty() ||
+               !reservation_releases_.empty() || !pin_releases_.empty() || rewait_;
       };
-      if (const auto deadline = ledger_.next_deadline()) {
+      if (deadline) {
         work_cv_.wait_until(lk, *deadline, has_work);
       } else {
         work_cv_.wait(lk, has_work);
       }
+      rewait_ = false;
+      lk.unlock();
+      state.lock();
+      t_state_holder = this;
+      lk.lock();
       incoming.swap(incoming_);
       cancels.swap(cancels_);
-      reserves.swap(reserves_);
-      reservation_releases.swap(reservation_releases_);
-      pin_releases.swap(pin_releases_);
       stopping = stopping_;
     }
-    for (RequestId id : pin_releases) release_pinned_now(id);
-    pin_releases.clear();
-    // Releases before reserves: a release queued before a new reserve of the same id ends the
-    // old reservation, never the new one.
-    for (RequestId id : reservation_releases) release_reservation_now(id);
-    reservation_releases.clear();
-    for (auto& op : reserves) {
-      if (stopping) {
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          if (auto it = reserved_ids_.find(op->id); it != reserved_ids_.end() && it->second == op->op)
-            reserved_ids_.erase(it);
-        }
-        answer(*op, Unavailable("the engine is shutting down"));
-      } else {
-        reserve_now(*op);
-      }
-    }
-    reserves.clear();
+    run_control_ops();
     for (Submission& s : incoming) admit(std::move(s.request), std::move(s.on_event), s.submitted);
     incoming.clear();
     for (RequestId id : cancels) cancel_now(id);
@@ -311,6 +302,7 @@ void EngineLoop::run() {
       }
       for (auto& op : reserves) answer(*op, Unavailable("the engine is shutting down"));
       idle_cv_.notify_all();
+      t_state_holder = nullptr;
       return;
     }
     admit_pending_prefilled();
@@ -426,8 +418,24 @@ void EngineLoop::step() {
           logits, seq.tokens[static_cast<size_t>(predicted)], r.params.prompt_logprobs);
     };
   }
+  // Reservations asked for while this step was planned are made now, not after its forward
+  // pass; those asked for during the pass are made at once on their caller's thread (the pass
+  // reads only the blocks of the planned sequences, which no reservation can take).
+  run_control_ops();
   const auto t0 = std::chrono::steady_clock::now();
-  const Status st = model_->forward_batch(batch_, *pool_, hooks);
+  Status st;
+  {
+    struct Relock {
+      EngineLoop* loop;
+      ~Relock() {
+        loop->state_mu_.lock();
+        t_state_holder = loop;
+      }
+    } relock{this};
+    t_state_holder = nullptr;
+    state_mu_.unlock();
+    st = model_->forward_batch(batch_, *pool_, hooks);
+  }
   local_stats_.forward_seconds += seconds_since(t0);
   ++local_stats_.forward_passes;
   if (!st.ok()) {

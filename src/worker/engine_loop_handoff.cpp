@@ -1,6 +1,7 @@
 // The engine loop's side of the KV handoff (DESIGN.md §1): KV reservations with leases and
 // prefilled admissions on the decode side; per-layer export and pinned blocks on the prefill
-// side. Everything named *_now runs on the engine thread.
+// side. Everything named *_now runs under the engine's state lock (on the engine thread, or on
+// reserve_async()'s caller's thread while the engine waits or computes a forward pass).
 #include <algorithm>
 #include <exception>
 #include <future>
@@ -50,6 +51,17 @@ Status EngineLoop::reserve_async(RequestId id, int64_t num_tokens, std::chrono::
     reserves_.push_back(std::move(op));
     idle_ = false;
   }
+  // Made here and now when the engine's state is free (the engine waits for work or computes a
+  // forward pass); else the engine thread makes it before its next forward pass. Never waits.
+  if (t_state_holder != this && state_mu_.try_lock()) {
+    const EngineLoop* outer = t_state_holder;
+    t_state_holder = this;
+    run_control_ops();
+    t_state_holder = outer;
+    state_mu_.unlock();
+    std::lock_guard<std::mutex> lk(mu_);
+    rewait_ = true;  // a waiting engine thread takes the new lease deadline into account
+  }
   work_cv_.notify_one();
   return Status::Ok();
 }
@@ -83,6 +95,35 @@ bool EngineLoop::release_pinned(RequestId id) {
   }
   work_cv_.notify_one();
   return true;
+}
+
+void EngineLoop::run_control_ops() {
+  std::vector<RequestId> pin_releases, reservation_releases;
+  std::vector<std::shared_ptr<ReserveOp>> reserves;
+  bool stopping = false;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    pin_releases.swap(pin_releases_);
+    reservation_releases.swap(reservation_releases_);
+    reserves.swap(reserves_);
+    stopping = stopping_;
+  }
+  for (RequestId id : pin_releases) release_pinned_now(id);
+  // Releases before reserves: a release queued before a new reserve of the same id ends the
+  // old reservation, never the new one.
+  for (RequestId id : reservation_releases) release_reservation_now(id);
+  for (auto& op : reserves) {
+    if (!stopping) {
+      reserve_now(*op);
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (auto it = reserved_ids_.find(op->id); it != reserved_ids_.end() && it->second == op->op)
+        reserved_ids_.erase(it);
+    }
+    answer(*op, Unavailable("the engine is shutting down"));
+  }
 }
 
 void EngineLoop::reserve_now(ReserveOp& op) {

@@ -37,6 +37,10 @@ struct EngineLoop::RequestState {
   bool export_failed = false;
 };
 
+// The engine loop whose state lock this thread holds (nullptr: none): reserve_async() called
+// with it held (from a callback) queues instead of taking the lock again.
+inline thread_local const EngineLoop* t_state_holder = nullptr;
+
 struct EngineLoop::ReserveOp {
   RequestId id = 0;
   uint64_t op = 0;  // its entry in reserved_ids_

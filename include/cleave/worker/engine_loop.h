@@ -31,17 +31,21 @@
 //   present (only call it once the KV is in place). An unconsumed reservation goes back to the
 //   pool when its lease ends (counted in stats().leases_expired) or on release_reservation().
 //
-// Every claim on the pool (running sequences, reservations, pins, prefilled sequences waiting
-// for a slot) is held by one BlockLedger (scheduler/block_ledger.h) on the engine thread, with
-// one lease clock. A request that does not fit because reservations or pins hold blocks waits
-// for them (they come back in bounded time) instead of failing; the engine thread then sleeps
-// until the next lease deadline or the next queued change, never spinning.
+// Every claim on the pool (running sequences, reservations, pins, prefilled sequences waiting for a
+// slot) is held by one BlockLedger (scheduler/block_ledger.h), with one lease clock. The ledger,
+// the scheduler and the requests are the engine's state, under one lock that the engine thread
+// holds except while it waits for work and while a step's forward pass computes: a reservation is
+// made then on the caller's thread, at once, instead of waiting for the step. A request that does
+// not fit because reservations or pins hold blocks waits for them (they come back in bounded time)
+// instead of failing; the engine thread then sleeps until the next lease deadline or the next
+// queued change, never spinning.
 //
 // Thread-safety: submit(), cancel(), reserve(), reserve_async(), release_reservation(),
 // release_pinned(), stats(), wait_idle() and shutdown() may be called from any thread. Callbacks
-// run on the engine thread, one at a time, without any lock held: they may call submit(),
-// cancel(), reserve_async(), release_reservation() and release_pinned(), and should return
-// quickly (they hold up every request).
+// run one at a time under the engine's state lock (on the engine thread, or for reservations on
+// the thread of reserve_async()): they may call submit(), cancel(), reserve_async(),
+// release_reservation() and release_pinned(), and should return quickly (they hold up every
+// request).
 #pragma once
 
 #include <chrono>
@@ -199,29 +203,30 @@ class EngineLoop {
   // first) and its blocks are freed in the next step. false when the id is not in flight.
   bool cancel(RequestId id);
 
-  // Decode side: reserves the blocks for a prompt of `num_tokens` tokens (positions
-  // [0, num_tokens)) under `id`, until `lease` from now, without waiting: `done` gets the
-  // result once, on the engine thread (in its next iteration), or on shutdown()'s thread when
+  // Decode side: reserves the blocks for a prompt of `num_tokens` tokens (positions [0,
+  // num_tokens)) under `id`, until `lease` from now, without waiting: `done` gets the result once:
+  // inside this call when the engine is waiting for work or computing a forward pass (the common
+  // case), else on the engine thread before its next forward pass, or on shutdown()'s thread when
   // the engine stops first. A non-OK return means nothing was queued and `done` never runs:
-  // InvalidArgument for num_tokens < 1 or a lease under 1 ms; OutOfRange when it does not fit
-  // the context; ResourceExhausted when it needs more blocks than the pool has; AlreadyExists
-  // when the id has a reservation or is in flight; Unavailable after shutdown(). `done` gets
-  // the block ids in position order, or ResourceExhausted when the pool cannot give them now
-  // (nothing is taken or evicted then), Cancelled when release_reservation() came first,
-  // Unavailable on shutdown.
+  // InvalidArgument for num_tokens < 1 or a lease under 1 ms; OutOfRange when it does not fit the
+  // context; ResourceExhausted when it needs more blocks than the pool has; AlreadyExists when the
+  // id has a reservation or is in flight; Unavailable after shutdown(). `done` gets the block ids
+  // in position order, or ResourceExhausted when the pool cannot give them now (nothing is taken or
+  // evicted then), Cancelled when release_reservation() came first, Unavailable on shutdown.
   // `on_end` (may be empty) fences the blocks: it runs once when the reservation ends, told how
   // (consumed by its prefilled submit, released, its lease expired, shutdown), before any of its
-  // blocks can go to another request; the decode worker revokes there the memory key it gave
-  // the writer, so that a write arriving late never lands in reused blocks. It runs on the
-  // engine thread, after `done` delivered the blocks; when `done` gets an error it never runs
-  // (the caller revokes). shutdown() runs those of the reservations still held, on its own
-  // thread once the engine thread has stopped (so their target must still be alive then; the
-  // destructor's shutdown() finds none left).
+  // blocks can go to another request; the decode worker revokes there the memory key it gave the
+  // writer, so that a write arriving late never lands in reused blocks. It runs under the engine's
+  // state lock, after `done` delivered the blocks; when `done` gets an error it never runs (the
+  // caller revokes). shutdown() runs those of the reservations still held, on its own thread once
+  // the engine thread has stopped (so their target must still be alive then; the destructor's
+  // shutdown() finds none left).
   using ReserveCallback = std::function<void(Result<std::vector<BlockId>>)>;
   Status reserve_async(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
                        ReservationFence on_end, ReserveCallback done);
-  // reserve_async() that waits for the result (at most one engine step; for in-process callers
-  // and tests, not for RPC threads). Its errors are reserve_async()'s and `done`'s.
+  // reserve_async() that waits for the result (at most the bookkeeping of one engine step; for
+  // in-process callers and tests, not for RPC threads). Its errors are reserve_async()'s and
+  // `done`'s.
   Result<std::vector<BlockId>> reserve(RequestId id, int64_t num_tokens,
                                        std::chrono::milliseconds lease,
                                        ReservationFence on_end = {});
@@ -263,8 +268,9 @@ class EngineLoop {
   void fail(RequestId id, const Status& error);
   void deliver(RequestState& r, const EngineEvent& ev);
   void publish_stats();
-  // Disaggregation, engine thread.
+  // Disaggregation, under the state lock.
   struct ReserveOp;
+  void run_control_ops();  // the queued releases (first) and reserves
   void reserve_now(ReserveOp& op);
   void answer(ReserveOp& op, Result<std::vector<BlockId>> result);  // calls op.done, catching
   void release_reservation_now(RequestId id);
@@ -302,6 +308,9 @@ class EngineLoop {
   };
   std::vector<ExportChunk> exports_;
 
+  // The engine's state (everything above): held by the engine thread but while it waits and
+  // while forward_batch() computes; then reserve_async() takes it to make its reservation.
+  std::mutex state_mu_;
   // Shared with the submitting threads, under mu_.
   mutable std::mutex mu_;
   std::condition_variable work_cv_;  // the engine thread waits for work
@@ -325,6 +334,7 @@ class EngineLoop {
   bool stopping_ = false;
   bool stopped_ = false;  // the engine thread has exited
   bool idle_ = true;
+  bool rewait_ = false;  // the ledger changed while the engine waited: wait again, anew
   EngineStats published_;
 
   std::thread thread_;

@@ -59,7 +59,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
       if (!s.ok()) log::error("request {}: revoking its KV key failed: {}", id, s.message());
     };
     // The notice tag, set by the result callback before the call answers; the fence reads it
-    // later on the same engine thread (or after that thread has been joined).
+    // later, both under the engine's state lock (or after the engine thread has been joined).
     auto tag = std::make_shared<uint64_t>(0);
     ReservationTable* table = &core_.reservations;
     auto on_end = [revoke, table, tag, id](ReservationEnd how) {

@@ -457,10 +457,11 @@ TEST_F(HandoffLoopTest, RequestWaitsForReservedBlocksAndCompletesAfterTheLease) 
   }
 }
 
-// reserve_async answers on the engine thread; its errors before queueing come back at once
-// (the callback never runs), the pool's answer through the callback (the fence never runs
-// then); the fence is told how each reservation ended.
-TEST_F(HandoffLoopTest, ReserveAsyncAnswersOnTheEngineThreadAndFencesEveryEnd) {
+// reserve_async answers at once, on the caller's thread, while the engine waits for work; its
+// errors before queueing come back as its status (the callback never runs), the pool's answer
+// through the callback (the fence never runs then); the fence is told how each reservation
+// ended.
+TEST_F(HandoffLoopTest, ReserveAsyncAnswersAtOnceAndFencesEveryEnd) {
   auto dec = m_.engine(options(8, 64));
   ASSERT_TRUE(dec);
   std::mutex mu;
@@ -493,7 +494,7 @@ TEST_F(HandoffLoopTest, ReserveAsyncAnswersOnTheEngineThreadAndFencesEveryEnd) {
   auto [a, a_thread] = reserve(1, 16 * 6, 10s);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   EXPECT_EQ(a->size(), 6u);
-  EXPECT_NE(a_thread, std::this_thread::get_id());
+  EXPECT_EQ(a_thread, std::this_thread::get_id());
   EXPECT_EQ(dec->reserve_async(1, 16, 1s, fence(1), never).code(), StatusCode::kAlreadyExists);
   auto [b, b_thread] = reserve(2, 16 * 3, 10s);  // 2 left: the pool says no, through the callback
   EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted) << b.status().to_string();
@@ -513,6 +514,94 @@ TEST_F(HandoffLoopTest, ReserveAsyncAnswersOnTheEngineThreadAndFencesEveryEnd) {
   EXPECT_EQ(ends[3], std::vector<ReservationEnd>{ReservationEnd::kExpired});
   EXPECT_EQ(ends[4], std::vector<ReservationEnd>{ReservationEnd::kShutdown});
   EXPECT_EQ(dec->reserve_async(5, 16, 1s, fence(5), never).code(), StatusCode::kUnavailable);
+}
+
+// A sink that holds the forward pass at its first layer until told to go on.
+class GateSink : public KvExportSink {
+ public:
+  bool on_layer_ready(int64_t, int64_t, int64_t, std::span<const BlockId>, bool) override {
+    if (!entered_) {
+      entered_ = true;
+      in_forward.set_value();
+      go.get_future().wait();
+    }
+    return true;
+  }
+  std::promise<void> in_forward, go;
+
+ private:
+  bool entered_ = false;
+};
+
+// A reservation asked for while a step's forward pass computes is made at once, on the caller's
+// thread, without waiting for the pass to end (the engine's state is free then); one asked for
+// from a callback on the engine thread is made before the next forward pass. Both hold their
+// blocks until released, and the request computed meanwhile is right.
+TEST_F(HandoffLoopTest, AReserveIsAnsweredWhileAForwardPassComputes) {
+  auto eng = m_.engine(options(32, 64));
+  ASSERT_TRUE(eng);
+  std::mt19937 rng(9);
+  const auto prompt = random_prompt(rng, *m_.tok, 512, 40);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = 6;
+  auto gate = std::make_shared<GateSink>();
+  EngineRequest r{31, prompt, p};
+  r.kv_export = gate;
+  std::promise<void> done;
+  std::vector<int32_t> tokens;
+  Status error;
+  std::promise<Result<std::vector<BlockId>>> from_callback;
+  bool asked_from_callback = false;
+  ASSERT_TRUE(
+      eng->submit(r,
+                  [&](const EngineEvent& ev) {
+                    if (ev.has_token) tokens.push_back(ev.token);
+                    if (ev.has_token && !asked_from_callback) {
+                      asked_from_callback = true;  // on the engine thread, its state lock held
+                      EXPECT_TRUE(eng->reserve_async(33, 16, 10s, {},
+                                                     [&](Result<std::vector<BlockId>> b) {
+                                                       from_callback.set_value(std::move(b));
+                                                     })
+                                      .ok());
+                    }
+                    if (ev.finished) {
+                      error = ev.error;
+                      done.set_value();
+                    }
+                  })
+          .ok());
+  ASSERT_EQ(gate->in_forward.get_future().wait_for(30s), std::future_status::ready);
+  // The engine thread is inside forward_batch, held by the sink.
+  std::thread::id answered_on;
+  Result<std::vector<BlockId>> got = Internal("not answered");
+  ASSERT_TRUE(eng->reserve_async(32, 16 * 3, 10s, {},
+                                 [&](Result<std::vector<BlockId>> b) {
+                                   answered_on = std::this_thread::get_id();
+                                   got = std::move(b);
+                                 })
+                  .ok());
+  EXPECT_EQ(answered_on, std::this_thread::get_id()) << "not answered inside reserve_async";
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  EXPECT_EQ(got->size(), 3u);
+  EXPECT_EQ(eng->stats().blocks_reserved, 3);
+  gate->go.set_value();
+  auto fut = from_callback.get_future();
+  ASSERT_EQ(fut.wait_for(30s), std::future_status::ready);
+  auto cb = fut.get();
+  ASSERT_TRUE(cb.ok()) << cb.status().to_string();
+  EXPECT_EQ(cb->size(), 1u);
+  ASSERT_EQ(done.get_future().wait_for(60s), std::future_status::ready);
+  EXPECT_TRUE(error.ok()) << error.to_string();
+  // The prefill's token is that of the request alone.
+  const auto want = generate_alone(*reference_, *m_.tok, prompt, p);
+  ASSERT_FALSE(tokens.empty());
+  ASSERT_FALSE(want.tokens.empty());
+  EXPECT_EQ(tokens[0], want.tokens[0]);
+  EXPECT_TRUE(eng->release_pinned(31));
+  EXPECT_TRUE(eng->release_reservation(32));
+  EXPECT_TRUE(eng->release_reservation(33));
+  expect_all_blocks_back(*eng);
 }
 
 }  // namespace
