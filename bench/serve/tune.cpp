@@ -17,6 +17,12 @@
 namespace cleave::bench {
 namespace {
 
+// Goodput of a sweep point: the rate of requests that met the SLOs at the offered rate (rate x
+// attainment). vLLM's request_goodput divides by the run's duration instead, which moves with
+// the span of that run's random arrivals (+-20% for 20 Poisson arrivals) even when the server
+// does not: a prediction made from it would not survive a rerun.
+double rate_goodput(const SweepPoint& p) { return p.rate * p.attainment; }
+
 using Settings = std::vector<std::pair<std::string, std::string>>;
 
 void set(Settings* s, const std::string& key, const std::string& value) {
@@ -192,7 +198,7 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
       SweepOptions probe = o.sweep;
       probe.rates = {best_rate};
       CLEAVE_ASSIGN_OR_RETURN(SweepResult first, run_sweep(b, probe, make));
-      const double g = first.points.front().metrics.request_goodput;
+      const double g = rate_goodput(first.points.front());
       if (g < 0.5 * best_goodput) {
         row.pruned = true;
         row.sweep = first;
@@ -206,7 +212,7 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
     if (best_rate > 0) s.start_rate = best_rate;
     CLEAVE_ASSIGN_OR_RETURN(row.sweep, run_sweep(b, s, make));
     for (const auto& p : row.sweep.points) {
-      if (p.rate == row.sweep.best_rate) row.goodput = p.metrics.request_goodput;
+      if (p.rate == row.sweep.best_rate) row.goodput = rate_goodput(p);
     }
     if (row.sweep.best_rate == 0) row.note = "no rate met the SLOs";
     return (*serve)->stop();
@@ -272,8 +278,8 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
       retime_arrivals(&wl, win.sweep.best_rate);
       CLEAVE_ASSIGN_OR_RETURN(run, run_serve_bench(b, wl));
     }
-    result.confirmed_goodput = run.metrics.request_goodput;
     result.confirmed_attainment = slo_attainment(run.records, b.goodput);
+    result.confirmed_goodput = win.sweep.best_rate * result.confirmed_attainment;
     result.confirmed_failed = run.metrics.failed;
     for (const auto& rec : run.records) {
       if (!rec.success) {

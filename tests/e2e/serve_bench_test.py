@@ -136,6 +136,23 @@ class ServeBenchTest(unittest.TestCase):
         self.assertLessEqual(j["median_ttft_ms"], j["p90_ttft_ms"])
         self.assertLessEqual(j["p90_ttft_ms"], j["p99_ttft_ms"])
 
+    def test_tokenizer_sizes_prompts_in_the_models_tokens(self):
+        # With the served model's tokenizer a prompt of N words is N tokens: the server's usage
+        # counts N plus its BOS for every request, whatever words were drawn.
+        out = os.path.join(self.tmp.name, "tokens.json")
+        r = self.bench("--dataset", "random", "--num-prompts", "8", "--random-input-len", "40",
+                       "--random-output-len", "2", "--tokenizer", h.model_path(),
+                       "--save-result", out, "--no-progress")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            j = json.load(f)
+        self.assertEqual(j["completed"], 8, j["errors"])
+        self.assertEqual(j["input_lens"], [41] * 8)
+        r = self.bench("--dataset", "random", "--num-prompts", "1", "--tokenizer",
+                       "/nonexistent/model.gguf", "--no-progress")
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--tokenizer /nonexistent/model.gguf", r.stderr)
+
     def test_chat_agentic_preset(self):
         out = os.path.join(self.tmp.name, "agentic.json")
         r = self.bench("--endpoint", "chat", "--dataset", "preset:agentic", "--scale", "0.01",

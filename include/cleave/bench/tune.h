@@ -9,7 +9,8 @@
 // a candidate whose first sweep point reaches less than half the goodput of the best so far is
 // pruned (not swept further). When the budget of minutes runs out the remaining candidates are
 // skipped. The winner is served again and measured at its rate once more after one warm-up run
-// (the confirmation run: its goodput must be within 10% of the sweep's); the result is the YAML,
+// (the confirmation run: its goodput must be within 10% of the sweep's); goodput here is the
+// offered rate times the share of requests that met the SLOs; the result is the YAML,
 // a table and an SVG.
 #pragma once
 
@@ -45,7 +46,7 @@ struct TuneRow {
   bool measured = false, pruned = false, skipped = false;
   std::string note;  // why it was pruned / skipped / failed
   SweepResult sweep;
-  double goodput = 0;  // request_goodput at the best passing rate (0: none passed)
+  double goodput = 0;  // rate x SLO attainment at the best passing rate (0: none passed)
 };
 
 struct TuneResult {
