@@ -301,14 +301,15 @@ TEST_P(TwoProcessTest, NothingOfABatchIsPostedAfterItsDeadline) {
   auto late_notice = engine_->notify(t.peer, 2, 0, std::chrono::steady_clock::now());
   EXPECT_EQ(late_notice.status().code(), StatusCode::kDeadlineExceeded);
 
-  // 100000 writes of 4 KiB that do not coalesce: far more than the TX depths, and more than
-  // both providers move in the 50 ms before the deadline.
+  // 400000 writes of 4 KiB that do not coalesce: far more than the TX depths, and more than
+  // both providers move in the 200 ms before the deadline (long enough that a loaded CI host
+  // posts some of them: the rail thread may wait tens of ms for a core).
   Batch big{t.peer, {}, 3};
-  const uint64_t slots = region / 8192, writes = 100000;
+  const uint64_t slots = region / 8192, writes = 400000;
   for (uint64_t i = 0; i < writes; ++i) {
     big.writes.push_back({mr->id, (i % slots) * 8192, t.desc, ((i * 7) % slots) * 8192, 4096});
   }
-  big.post_by = std::chrono::steady_clock::now() + 50ms;
+  big.post_by = std::chrono::steady_clock::now() + 200ms;
   auto h = engine_->submit(big);
   ASSERT_TRUE(h.ok()) << h.status().to_string();
   Status st = h->wait(30s);
