@@ -285,7 +285,7 @@ void add_tune_command(CLI::App& app, int* exit_code) {
     int workers = 2, max_runs = 4, max_candidates = 100;
     double budget_minutes = 60, attainment = 0.9, start_rate = 1.0, scale = 0.05;
     int64_t num_prompts = 30, max_concurrency = 0, max_requests = 200;
-    double time_scale = 1.0, length_scale = 0.02, request_timeout_s = 120, min_run_seconds = 3;
+    double time_scale = 1.0, length_scale = 0.02, request_timeout_s = 120, min_run_seconds = 10;
     int64_t max_prompts_per_run = 600;
     uint64_t seed = 0;
     std::string endpoint = "completions";

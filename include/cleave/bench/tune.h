@@ -37,7 +37,7 @@ struct TuneOptions {
   SweepOptions sweep;
   double confirm_tolerance = 0.10;
   int max_candidates = 100;  // candidates measured at most (the rest are not generated)
-  double min_run_seconds = 3;  // see workload_for_rate()
+  double min_run_seconds = 10;  // see workload_for_rate(); 3 s runs were too noisy to confirm
   int64_t max_prompts_per_run = 600;
 };
 
