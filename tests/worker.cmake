@@ -17,3 +17,7 @@ foreach(tgt integration_worker_disaggregation integration_worker_late_write_fenc
   add_test(NAME ${tgt} COMMAND ${tgt})
   set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 300 SKIP_RETURN_CODE 77)
 endforeach()
+# Its worker-death cases hold the transfer engine to bounds of 1-3 s: beside another
+# multi-process test on the two CI cores (e2e_serve_worker_failure), a prefill's tcp rail
+# missed them in 2 of 4 full runs on 2026-12-03 (not understood yet; alone it passes).
+set_tests_properties(integration_worker_disaggregation PROPERTIES RUN_SERIAL TRUE)
