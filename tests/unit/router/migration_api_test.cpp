@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 
 #include "cleave/router/grpc_server.h"
@@ -74,27 +75,46 @@ class MigrationApiTest : public ::testing::Test {
     return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size()));
   }
 
-  // While `running` has not ended: stops the worker seen running a request a moment after it
-  // started, once; the worker stopped, or nullptr.
+  // Waits until neither worker reports a running request (a finished request may still be
+  // counted for a moment after its stream ended).
+  bool workers_idle() {
+    return eventually([&] {
+      for (TestWorker* w : {&a_, &b_}) {
+        auto l = w->client->load();
+        if (!l.ok() || l->running() != 0) return false;
+      }
+      return true;
+    });
+  }
+
+  // While `running` has not ended: once some of its tokens are out (its client has received
+  // ten pieces when `count_received`, else 40 ms after the worker reported it running) and most
+  // are still to come, stops the worker running it, once; the worker stopped, or nullptr.
   template <typename Future>
-  TestWorker* stop_the_worker_running_it(Future& running) {
+  TestWorker* stop_the_worker_running_it(Future& running, bool count_received) {
     const auto until = std::chrono::steady_clock::now() + 20s;
     while (std::chrono::steady_clock::now() < until &&
            running.wait_for(0ms) != std::future_status::ready) {
+      if (count_received && received_.load() < 10) {
+        std::this_thread::sleep_for(1ms);
+        continue;
+      }
       for (TestWorker* w : {&a_, &b_}) {
-        if (!w->server) continue;
         auto l = w->client->load();
         if (l.ok() && l->running() >= 1) {
-          std::this_thread::sleep_for(40ms);  // some tokens out, most still to come
+          if (!count_received) std::this_thread::sleep_for(40ms);  // some tokens out
           w->server->shutdown();
+          stopped_at_ = received_.load();
           return w;
         }
       }
-      std::this_thread::sleep_for(2ms);
+      std::this_thread::sleep_for(1ms);
     }
     return nullptr;
   }
 
+  std::atomic<int64_t> received_{0};  // pieces the running stream's client has received
+  int64_t stopped_at_ = 0;            // received_ when the worker was stopped
   TestWorker a_, b_;
   testing_engine::ModelUnderTest model_;
   metrics::MetricsRegistry registry_;
@@ -133,8 +153,9 @@ TEST_F(MigrationApiTest, HttpStreamOfAStoppedWorkerGoesOnWithTheSameText) {
   ASSERT_EQ(ref_tokens, 700);
   ASSERT_FALSE(reference.empty());
 
+  ASSERT_TRUE(workers_idle());
   auto running = std::async(std::launch::async, [&] { return stream_text(&finish, &tokens); });
-  ASSERT_NE(stop_the_worker_running_it(running), nullptr) << "no worker was seen running it";
+  ASSERT_NE(stop_the_worker_running_it(running, false), nullptr) << "no worker was seen running it";
   ASSERT_EQ(running.wait_for(30s), std::future_status::ready) << "the stream hangs";
   const std::string text = running.get();
   EXPECT_EQ(resumed(), 1) << "the request ended before its worker stopped";
@@ -160,13 +181,14 @@ TEST_F(MigrationApiTest, GrpcStreamOfAStoppedWorkerGoesOnWithTheSameSeededText) 
     std::string finish;
     int64_t completion_tokens = 0;
   };
-  const auto generate = [&] {
+  const auto generate = [&](bool count) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 60s);
     Result r;
     auto reader = stub->Generate(&ctx, req);
     v1::GenerateTextResponse msg;
     while (reader->Read(&msg)) {
+      if (count) ++received_;
       for (const auto& d : msg.choices()) {
         r.text += d.text();
         r.ids.insert(r.ids.end(), d.token_ids().begin(), d.token_ids().end());
@@ -177,16 +199,19 @@ TEST_F(MigrationApiTest, GrpcStreamOfAStoppedWorkerGoesOnWithTheSameSeededText) 
     r.status = reader->Finish();
     return r;
   };
-  const Result reference = generate();
+  const Result reference = generate(false);
   ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
   ASSERT_EQ(reference.finish, "length");
   ASSERT_FALSE(reference.text.empty());
 
-  auto running = std::async(std::launch::async, generate);
-  ASSERT_NE(stop_the_worker_running_it(running), nullptr) << "no worker was seen running it";
+  ASSERT_TRUE(workers_idle());
+  received_ = 0;
+  auto running = std::async(std::launch::async, [&] { return generate(true); });
+  ASSERT_NE(stop_the_worker_running_it(running, true), nullptr) << "no worker was seen running it";
   ASSERT_EQ(running.wait_for(30s), std::future_status::ready) << "the stream hangs";
   const Result got = running.get();
   EXPECT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_LT(stopped_at_, 700) << "the request ended before its worker stopped";
   EXPECT_EQ(resumed(), 1) << "the request ended before its worker stopped";
   EXPECT_EQ(got.text, reference.text);
   EXPECT_EQ(got.ids, reference.ids);
