@@ -379,14 +379,27 @@ void DispatchCall::stream_ended(const std::shared_ptr<WorkerEndpoint>& worker, c
   attempt_failed(worker, std::move(error));
 }
 
+namespace {
+
+// What a clean-up RPC's callback holds: its worker's endpoint and, released after it, the
+// dispatcher's core. The callback outlives its request, and maybe the dispatcher: the endpoint
+// (its channel) must not be released last there, on a gRPC callback thread, while shutdown()
+// waits for the core (see worker_pools.h).
+struct CleanupHold {
+  std::shared_ptr<DispatchCore> core;
+  std::shared_ptr<WorkerEndpoint> worker;  // destroyed first
+};
+
+}  // namespace
+
 void DispatchCall::abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {
   auto op = unary_op<v1::AbortRequest, v1::AbortResponse>(core_->options.timeouts.cleanup);
   op->request.set_request_id(id);
   worker->stub->async()->Abort(&op->ctx, &op->request, &op->response,
-                               [op, worker](grpc::Status s) {
+                               [op, hold = CleanupHold{core_, worker}](grpc::Status s) {
                                  if (!s.ok()) {
                                    log::debug("dispatch: worker {}: Abort of request {}: {}",
-                                              worker->address, op->request.request_id(),
+                                              hold.worker->address, op->request.request_id(),
                                               s.error_message());
                                  }
                                });
@@ -396,10 +409,10 @@ void DispatchCall::release_on(const std::shared_ptr<WorkerEndpoint>& worker, uin
   auto op = unary_op<v1::ReleaseRequest, v1::ReleaseResponse>(core_->options.timeouts.cleanup);
   op->request.set_request_id(id);
   worker->stub->async()->Release(&op->ctx, &op->request, &op->response,
-                                 [op, worker](grpc::Status s) {
+                                 [op, hold = CleanupHold{core_, worker}](grpc::Status s) {
                                    if (!s.ok()) {
                                      log::debug("dispatch: worker {}: Release of request {}: {}",
-                                                worker->address, op->request.request_id(),
+                                                hold.worker->address, op->request.request_id(),
                                                 s.error_message());
                                    }
                                  });

@@ -17,6 +17,10 @@ namespace cleave::router {
 
 namespace {
 
+// How long shutdown() waits for the ended requests' gRPC callbacks to drop the dispatcher's
+// state.
+constexpr auto kCoreReleaseBound = std::chrono::seconds(1);
+
 class DispatcherImpl final : public Dispatcher {
  public:
   explicit DispatcherImpl(const DispatcherOptions& options)
@@ -86,6 +90,17 @@ class DispatcherImpl final : public Dispatcher {
     }
     watch_cv_.notify_all();
     if (watch_.joinable()) watch_.join();
+    // The ended calls' last references go on gRPC's callback threads a moment after their end;
+    // the core, with the channels of its pools, must be destroyed here, not there (see
+    // worker_pools.h). A handle its caller still holds keeps it past the bound.
+    const auto until = std::chrono::steady_clock::now() + kCoreReleaseBound;
+    while (core_.use_count() > 1 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (core_.use_count() > 1) {
+      log::debug("dispatch: {} request(s) still hold the dispatcher's state after its shutdown",
+                 core_.use_count() - 1);
+    }
   }
 
  private:

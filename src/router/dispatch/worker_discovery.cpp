@@ -175,6 +175,7 @@ struct ProbeOp {
 }  // namespace
 
 void WorkerDiscovery::probe_all() {
+  pools_.release_retired();
   auto targets = pools_.probe_targets();
   if (targets.empty()) return;
   ProbeLatch latch;

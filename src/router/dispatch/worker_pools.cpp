@@ -42,6 +42,7 @@ std::vector<PoolRole> WorkerPools::roles() const {
 }
 
 void WorkerPools::set_members(PoolRole role, const std::vector<std::string>& addresses) {
+  release_retired();
   std::lock_guard<std::mutex> lock(mu_);
   Pool& p = pool(role);
   for (auto it = p.members.begin(); it != p.members.end();) {
@@ -51,6 +52,7 @@ void WorkerPools::set_members(PoolRole role, const std::vector<std::string>& add
     }
     log::info("dispatch: worker {} left the {} pool", it->first, pool_role_name(role));
     forget_worker(it->second.endpoint->key);
+    retired_.push_back(std::move(it->second.endpoint));
     it = p.members.erase(it);
   }
   for (const std::string& a : addresses) {
@@ -61,6 +63,23 @@ void WorkerPools::set_members(PoolRole role, const std::vector<std::string>& add
     log::info("dispatch: worker {} joined the {} pool", a, pool_role_name(role));
     p.members.emplace(a, std::move(m));
   }
+}
+
+void WorkerPools::release_retired() {
+  std::vector<std::shared_ptr<WorkerEndpoint>> unused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      // Only the pools hold it, and nothing can take it from them any more.
+      if (it->use_count() == 1) {
+        unused.push_back(std::move(*it));
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // `unused` goes here, outside the lock: destroying a channel may wait for its calls' end.
 }
 
 std::vector<std::pair<std::shared_ptr<WorkerEndpoint>, bool>> WorkerPools::probe_targets() const {

@@ -6,7 +6,11 @@
 // callback). An endpoint's channel and stubs are immutable after construction and thread-safe;
 // its `inflight` counter is atomic; everything else about it lives under the WorkerPools mutex.
 // Endpoints are shared: a request in flight keeps the endpoint it uses alive after the worker
-// has left its pool.
+// has left its pool. The pools keep a departed worker's endpoint too, until nothing else holds
+// it, and drop it on the discovery thread (release_retired): a request's last reference goes
+// on one of gRPC's callback threads, and a channel must not be destroyed there (gRPC joins its
+// callback threads when the process's last channel goes: such a thread would join itself and
+// then use the freed completion queue).
 #pragma once
 
 #include <grpcpp/generic/generic_stub.h>
@@ -77,6 +81,9 @@ class WorkerPools {
   // Makes the workers of `role` exactly `addresses`: new ones join (not ready until probed),
   // missing ones leave (requests in flight on them go on).
   void set_members(PoolRole role, const std::vector<std::string>& addresses);
+  // Drops the endpoints of departed workers that nothing else holds any more (on the caller's
+  // thread: never call it from a gRPC callback).
+  void release_retired();
   // Every endpoint of every pool, and whether each needs GetInfo on its next probe.
   std::vector<std::pair<std::shared_ptr<WorkerEndpoint>, bool>> probe_targets() const;
   // Records a probe: ready when SERVING, GetLoad answered, the info known and of the pool's
@@ -134,6 +141,8 @@ class WorkerPools {
   // (prefill key, decode key) -> check_pairing's verdict (OK: accepted); computed once both
   // workers are ready.
   std::map<std::pair<uint64_t, uint64_t>, Status> pairings_;
+  // Endpoints of workers that left their pool, kept until nothing else holds them.
+  std::vector<std::shared_ptr<WorkerEndpoint>> retired_;
   uint64_t next_key_ = 1;
   // Hashing parameters from the first known worker info (0 until then).
   int64_t hash_block_size_ = 0;
