@@ -85,7 +85,7 @@ struct TransferEngine::Impl : ProgressDriver {
     return p;
   }
 
-  // A rail whose progress lock one holder has kept for this long is stuck inside the provider.
+  // The bound of holding_looks_stuck().
   std::chrono::milliseconds stuck_after() const {
     return std::chrono::milliseconds(
         std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
@@ -94,7 +94,10 @@ struct TransferEngine::Impl : ProgressDriver {
   // the watchdog's bound and a second) for its replacement to enter the view and queues there.
   void enqueue_on(size_t index, std::vector<RailWork>&& work);
   void watch();
-  void replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old);
+  // `how`: what the watchdog saw (how long the lock was held, the holder's CPU time), for the
+  // log line.
+  void replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old,
+                          const std::string& how);
 
   ~Impl() override {
     if (watchdog.joinable()) {

@@ -28,22 +28,52 @@ void TransferEngine::Impl::enqueue_on(size_t index, std::vector<RailWork>&& work
 void TransferEngine::Impl::watch() {
   const auto period = std::chrono::milliseconds(
       std::clamp<int64_t>(settings.completion_timeout_ms / 20, 1, 10));
+  constexpr auto kSighting = std::chrono::milliseconds(20);
+  // Per rail index: the holding being watched (its start) and its holder's CPU time when the
+  // watchdog first saw it busy; -1: that clock could not be read.
+  struct Holding {
+    int64_t since = 0;
+    int64_t cpu_at = -1;
+    Clock::time_point seen_at{};
+  };
+  std::vector<Holding> holdings;
   std::unique_lock<std::mutex> lock(watchdog_mu);
   while (!watchdog_cv.wait_for(lock, period, [&] { return watchdog_stop; })) {
     lock.unlock();
     RailsView view = rails_now();
+    holdings.resize(view->size());
     const auto now = Clock::now();
     for (size_t i = 0; i < view->size(); ++i) {
       const auto& rail = (*view)[i];
-      if (rail->is_stuck()) continue;
-      auto busy = rail->busy_for(now);
-      if (busy > stuck_after()) {
-        replace_stuck_rail(i, rail);
-      } else if (busy > std::chrono::milliseconds(20)) {
-        // Inside a post to a process that no longer exists: it will not come back.
-        auto target = rail->posting_to();
-        if (target && !target->alive()) replace_stuck_rail(i, rail);
+      Holding& h = holdings[i];
+      const auto busy = rail->busy_for(now);
+      if (rail->is_stuck() || busy <= kSighting) {
+        h = Holding{};
+        continue;
       }
+      const int64_t since = rail->held_since_ns();
+      const int64_t cpu = rail->holder_cpu_ns();
+      if (h.since != since) h = Holding{since, cpu, now};
+      const auto ms = [](auto d) {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+      };
+      // Inside a post to a process that no longer exists: it will not come back.
+      auto target = rail->posting_to();
+      if (target && !target->alive()) {
+        replace_stuck_rail(i, rail, fmt::format(" (the lock held {} ms)", ms(busy)));
+        h = Holding{};
+        continue;
+      }
+      const int64_t used_ns = cpu >= 0 && h.cpu_at >= 0 ? cpu - h.cpu_at : -1;
+      if (!holding_looks_stuck(busy, used_ns, stuck_after())) continue;
+      const auto used = std::chrono::nanoseconds(std::max<int64_t>(used_ns, 0));
+      replace_stuck_rail(
+          i, rail,
+          used_ns < 0
+              ? fmt::format(" (the lock held {} ms)", ms(busy))
+              : fmt::format(" (the lock held {} ms; its holder used {} ms of CPU in the last {} ms)",
+                            ms(busy), ms(used), ms(now - h.seen_at)));
+      h = Holding{};
     }
     lock.lock();
   }
@@ -52,13 +82,14 @@ void TransferEngine::Impl::watch() {
 // Fails the stuck rail's transfers, then opens a fresh rail (new endpoint, same domain) with
 // every live peer in its AV and swaps it in. The stuck rail is leaked: its thread may never
 // come back from the provider, and closing its endpoint could block the same way.
-void TransferEngine::Impl::replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old) {
+void TransferEngine::Impl::replace_stuck_rail(size_t index, const std::shared_ptr<FabricRail>& old,
+                                              const std::string& how) {
   auto target = old->posting_to();
   std::string why = fmt::format(
-      "transfer rail {} ({}) got stuck inside the provider{}; its transfers failed and the "
+      "transfer rail {} ({}) got stuck inside the provider{}{}; its transfers failed and the "
       "rail is replaced (a peer that connected to this engine before must connect again to its "
       "new address)",
-      index, provider,
+      index, provider, how,
       target ? fmt::format(" while posting to peer {:016x} (pid {}), now marked unreachable",
                            target->engine_id, target->pid)
              : std::string());

@@ -357,6 +357,16 @@ Clock::duration FabricRail::busy_for(Clock::time_point now) const {
   return std::chrono::nanoseconds(std::max<int64_t>(0, steady_ns(now) - since));
 }
 
+int64_t FabricRail::holder_cpu_ns() const {
+  if (held_since_ns_.load(std::memory_order_relaxed) == 0) return -1;
+  const int64_t clock = holder_clock_.load(std::memory_order_relaxed);
+  timespec ts{};
+  // A holder that has let go meanwhile, even one whose thread has exited: EINVAL, or some
+  // thread's time, read once as a new holding's start.
+  if (clock == kNoCpuClock || clock_gettime(static_cast<clockid_t>(clock), &ts) != 0) return -1;
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 std::shared_ptr<PeerRecord> FabricRail::posting_to() const {
   std::lock_guard<std::mutex> lock(posting_mu_);
   return posting_to_;

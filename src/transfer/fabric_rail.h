@@ -7,6 +7,9 @@
 // Every fabric call goes through a RailPort / RailEndpoint (rail_port.h).
 #pragma once
 
+#include <pthread.h>
+#include <time.h>
+
 #include <chrono>
 #include <cstdint>
 
@@ -16,6 +19,16 @@
 namespace cleave::transfer {
 
 // Nanoseconds of the steady clock, for time points kept in atomics.
+// The calling thread's CPU-time clock (a clockid_t), or kNoCpuClock.
+inline constexpr int64_t kNoCpuClock = INT64_MIN;
+inline int64_t this_thread_cpu_clock() {
+  thread_local const int64_t clock = [] {
+    clockid_t c;
+    return pthread_getcpuclockid(pthread_self(), &c) == 0 ? static_cast<int64_t>(c) : kNoCpuClock;
+  }();
+  return clock;
+}
+
 inline int64_t steady_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
@@ -154,6 +167,12 @@ class FabricRail {
 
   // How long the progress lock has been held by one holder without a break (zero when free).
   Clock::duration busy_for(Clock::time_point now) const;
+  // When the current holder took the lock (steady clock, ns; 0 when free): names one holding.
+  int64_t held_since_ns() const { return held_since_ns_.load(std::memory_order_relaxed); }
+  // The CPU time the current holder's thread has used since it started (ns), or -1 when the
+  // lock is free or that clock cannot be read. The watchdog tells a holder spinning inside the
+  // provider from one an overloaded host does not schedule by it.
+  int64_t holder_cpu_ns() const;
   // Watchdog only: the rail is stuck inside the provider. Fails with `why` every unfinished
   // transfer with work that reached the lock holder's state, marks the peer being posted to
   // (if known) unreachable, makes later enqueue() calls fail, asks the thread to exit if it
@@ -250,6 +269,7 @@ class FabricRail {
 
   mutable std::timed_mutex progress_mu_;
   std::atomic<int64_t> held_since_ns_{0};  // steady clock of the current holder's start; 0: free
+  std::atomic<int64_t> holder_clock_{kNoCpuClock};  // the current holder's CPU-time clock
   // The same instant as a time point, for the pass's own needs (posted-at stamps, liveness
   // cache, timeouts): one clock read per pass instead of one per write. Set by Held, and read
   // only under progress_mu_ (every post happens inside a Held pass).
@@ -339,6 +359,20 @@ class FabricRail {
   bool wake_pending_ = false;            // guarded by sleep_mu_
 };
 
+// The watchdog's verdict on one holding of a rail's progress lock, held for `busy`, whose
+// holder used `cpu_used_ns` of CPU since the watchdog first saw it busy (-1: unknown): stuck
+// inside the provider once held past `bound` while spinning (half of the bound on the CPU) or
+// with the CPU time unknown, and once held kStuckWallFactor times the bound however little CPU
+// it used (blocked in the kernel). A holder that an overloaded host merely does not schedule
+// uses no CPU: it is waited for that long, not declared stuck.
+inline constexpr int kStuckWallFactor = 10;
+inline bool holding_looks_stuck(Clock::duration busy, int64_t cpu_used_ns,
+                                std::chrono::milliseconds bound) {
+  if (busy <= bound) return false;
+  if (cpu_used_ns < 0 || busy > bound * kStuckWallFactor) return true;
+  return std::chrono::nanoseconds(cpu_used_ns) * 2 >= bound;
+}
+
 // Keeps `rail` (a rail whose thread is, or may be, stuck inside the provider) for the rest of the
 // process, reachable from a global so that nothing it points at is freed and a leak checker
 // sees it as reachable rather than lost.
@@ -349,6 +383,7 @@ class FabricRail::Held {
  public:
   explicit Held(FabricRail* rail) : Held(rail, steady_ns(Clock::now())) {}
   Held(FabricRail* rail, int64_t now_ns) : rail_(rail) {
+    rail_->holder_clock_.store(this_thread_cpu_clock(), std::memory_order_relaxed);
     rail_->held_since_ns_.store(now_ns, std::memory_order_relaxed);
     rail_->pass_now_ = Clock::time_point(std::chrono::nanoseconds(now_ns));
   }

@@ -788,5 +788,63 @@ TEST_F(FabricRailTest, ReopenAfterOnePeersFaultSendsTheOtherPeersNoticesAgain) {
   for (const auto& [tag, ids] : ids_by_tag[0]) EXPECT_EQ(ids.size(), 1u);
 }
 
+// The watchdog tells a holder spinning inside the provider from one the host does not schedule
+// by the holder's CPU time: a post that spins shows it, one that sleeps (as a thread an
+// overloaded host leaves waiting) does not.
+TEST_F(FabricRailTest, HolderCpuTimeTellsASpinningPostFromAWaitingOne) {
+  std::atomic<bool> spin{false}, release{false}, inside{false};
+  fabric_->outcome = [&](const FakeOp&) {
+    inside = true;
+    while (!release.load()) {
+      if (!spin.load()) std::this_thread::sleep_for(1ms);
+    }
+    return Outcome::complete();
+  };
+  auto rail = make_rail();
+  auto peer = add_peer(*rail, "A", 0xa);
+  EXPECT_EQ(rail->holder_cpu_ns(), -1) << "nobody holds the lock";
+  Batch b = make_batch(peer, 1, 0);
+  auto t = b.state;
+  std::thread submitter([&] { rail->enqueue(std::move(b.work)); });  // posts inline
+  const auto until = Clock::now() + 10s;
+  while (!inside.load() && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  ASSERT_TRUE(inside.load());
+  EXPECT_GT(rail->busy_for(Clock::now()), Clock::duration::zero());
+  const int64_t waiting_from = rail->holder_cpu_ns();
+  ASSERT_GE(waiting_from, 0);
+  std::this_thread::sleep_for(200ms);
+  const int64_t waited = rail->holder_cpu_ns() - waiting_from;
+  EXPECT_LT(waited, 50'000'000) << "a holder that sleeps used " << waited << " ns of CPU";
+  EXPECT_FALSE(holding_looks_stuck(rail->busy_for(Clock::now()) + 1s, waited, 1000ms))
+      << "waited for up to ten times the bound";
+
+  spin = true;
+  const int64_t spinning_from = rail->holder_cpu_ns();
+  int64_t spun = 0;
+  while (spun < 100'000'000 && Clock::now() < until) {
+    std::this_thread::sleep_for(5ms);
+    spun = rail->holder_cpu_ns() - spinning_from;
+  }
+  EXPECT_GE(spun, 100'000'000) << "the spinning holder's CPU time did not grow";
+  EXPECT_TRUE(holding_looks_stuck(200ms, spun, 100ms));
+  release = true;
+  submitter.join();
+  ASSERT_TRUE(drive(*rail, [&] { return t->is_done(); }));
+  EXPECT_TRUE(status_of(t).ok()) << status_of(t).to_string();
+  EXPECT_EQ(rail->holder_cpu_ns(), -1);
+}
+
+TEST(HoldingLooksStuck, SpinningPastTheBoundOrHeldTenTimesItOrUnknownCpu) {
+  using std::chrono::milliseconds;
+  constexpr auto kBound = milliseconds(1000);
+  constexpr int64_t kMs = 1'000'000;
+  EXPECT_FALSE(holding_looks_stuck(milliseconds(900), 900 * kMs, kBound)) << "within the bound";
+  EXPECT_TRUE(holding_looks_stuck(milliseconds(1100), 500 * kMs, kBound)) << "spinning";
+  EXPECT_FALSE(holding_looks_stuck(milliseconds(1100), 499 * kMs, kBound)) << "not scheduled";
+  EXPECT_FALSE(holding_looks_stuck(milliseconds(9000), 10 * kMs, kBound)) << "not scheduled";
+  EXPECT_TRUE(holding_looks_stuck(milliseconds(10001), 0, kBound)) << "blocked in the kernel";
+  EXPECT_TRUE(holding_looks_stuck(milliseconds(1100), -1, kBound)) << "CPU time unknown";
+}
+
 }  // namespace
 }  // namespace cleave::transfer
