@@ -241,8 +241,6 @@ cleave::Status run(Options o) {
              st.scheduler.preemptions, st.blocks_used);
 
   if (!o.json.empty()) {
-    std::FILE* out = std::fopen(o.json.c_str(), "w");
-    if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
     std::string rows_json;
     for (const Row& r : rows) {
       if (!rows_json.empty()) rows_json += ", ";
@@ -251,12 +249,12 @@ cleave::Status run(Options o) {
           "\"prefill_seconds\": {:.4f}, \"ratio_to_1\": {:.4f}, \"forward_share\": {:.4f}}}",
           r.concurrency, r.decode_tok_s, r.step_ms, r.prefill_s, r.ratio, r.forward_share);
     }
-    fmt::print(out,
-               "{{\"model\": {}, \"parameters\": {}, \"threads\": {}, \"prompt_tokens\": {}, "
-               "\"gen_tokens\": {}, \"repeat\": {}, \"rows\": [{}]}}\n",
-               cleave::bench::json_string(o.model), params, threads, o.prompt_tokens, o.gen_tokens, o.repeat,
-               rows_json);
-    if (std::fclose(out) != 0) return cleave::InvalidArgument("cannot write --json file " + o.json);
+    return cleave::bench::write_json_file(
+        o.json, fmt::format("{{\"model\": {}, \"parameters\": {}, \"threads\": {}, "
+                            "\"prompt_tokens\": {}, \"gen_tokens\": {}, \"repeat\": {}, "
+                            "\"rows\": [{}]}}\n",
+                            cleave::bench::json_string(o.model), params, threads,
+                            o.prompt_tokens, o.gen_tokens, o.repeat, rows_json));
   }
   return cleave::Status::Ok();
 }

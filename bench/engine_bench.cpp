@@ -170,9 +170,7 @@ cleave::Status run(const Options& o, Figures& f) {
 
   if (!o.json.empty()) {
     const bool first = o.model == o.models.front() && o.kv_dtype == o.kv_dtypes.front();
-    std::FILE* out = std::fopen(o.json.c_str(), first ? "w" : "a");
-    if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
-    fmt::print(out,
+    return cleave::bench::write_json_file(o.json, fmt::format(
                "{{\"model\": {}, \"kv_dtype\": \"{}\", \"kernels\": \"{}\", \"threads\": {}, "
                "\"prompt_tokens\": {}, "
                "\"gen_tokens\": {}, \"load_seconds\": {:.6f}, \"prefill_tokens_per_s\": {:.3f}, "
@@ -183,9 +181,7 @@ cleave::Status run(const Options& o, Figures& f) {
                cleave::cpu::kernel_isa(), model->pool().size(), o.prompt_tokens,
                o.gen_tokens, f.load_s, f.prefill_tok_s, f.decode_tok_s,
                f.weight_bytes_per_token, f.copy_bytes_per_s, f.floor_tok_s,
-               f.decode_over_floor, f.read_bytes_per_s);
-    const bool ok = std::fclose(out) == 0;
-    if (!ok) return cleave::InvalidArgument("cannot write --json file " + o.json);
+               f.decode_over_floor, f.read_bytes_per_s), !first);
   }
   return cleave::Status::Ok();
 }

@@ -319,9 +319,7 @@ Status run(const Options& o) {
              hist.count > 0 ? hist.sum / hist.count : 0.0);
 
   if (!o.json.empty()) {
-    std::FILE* out = std::fopen(o.json.c_str(), "w");
-    if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
-    fmt::print(out,
+    return cleave::bench::write_json_file(o.json, fmt::format(
                "{{\"provider\": {}, \"params\": {}, \"n_layers\": {}, \"prompt_tokens\": {}, "
                "\"max_tokens_per_step\": {}, \"runs\": {}, \"ttft_seconds\": {}, "
                "\"kv_tail_seconds\": {}, \"kv_bytes\": {}, \"transfer_one_layer_seconds\": {}, "
@@ -329,8 +327,7 @@ Status run(const Options& o) {
                "\"all_layers_over_one_layer\": {}}}\n",
                cleave::bench::json_string(o.provider), params, n_layers, o.prompt_tokens,
                o.max_tokens_per_step, o.runs, ttft_s, tail_s, kv_bytes, xfer.one_layer_s,
-               xfer.all_layers_s, tail_ratio, all_ratio);
-    if (std::fclose(out) != 0) return cleave::InvalidArgument("cannot write --json file " + o.json);
+               xfer.all_layers_s, tail_ratio, all_ratio));
   }
   return Status::Ok();
 }

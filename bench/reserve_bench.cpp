@@ -125,15 +125,12 @@ cleave::Status run(const Options& o) {
   fmt::print("reserve / step: mean {:.3f}, p99 {:.3f}\n", step_ms > 0 ? mean / step_ms : 0,
              step_ms > 0 ? pct(ms, 99) / step_ms : 0);
   if (!o.json.empty()) {
-    std::FILE* out = std::fopen(o.json.c_str(), "w");
-    if (out == nullptr) return cleave::InvalidArgument("cannot write --json file " + o.json);
-    fmt::print(out,
+    return cleave::bench::write_json_file(o.json, fmt::format(
                "{{\"model\": {}, \"streams\": {}, \"reserves\": {}, \"step_ms\": {:.4f}, "
                "\"forward_ms\": {:.4f}, \"reserve_mean_ms\": {:.4f}, \"reserve_p50_ms\": {:.4f}, "
                "\"reserve_p99_ms\": {:.4f}, \"reserve_over_step\": {:.4f}}}\n",
                cleave::bench::json_string(o.model), o.streams, o.reserves, step_ms, forward_ms,
-               mean, pct(ms, 50), pct(ms, 99), step_ms > 0 ? mean / step_ms : 0);
-    if (std::fclose(out) != 0) return cleave::InvalidArgument("cannot write --json file " + o.json);
+               mean, pct(ms, 50), pct(ms, 99), step_ms > 0 ? mean / step_ms : 0));
   }
   return cleave::Status::Ok();
 }

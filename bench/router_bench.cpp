@@ -744,10 +744,7 @@ bool write_json(const Run& run) {
         run.router_io_cpu_s, run.workers_cpu_s, cleave::bench::json_string(s.first_error));
   }
   j += "}\n";
-  std::FILE* out = std::fopen(o.json.c_str(), "w");
-  if (out == nullptr) return false;
-  const bool written = std::fputs(j.c_str(), out) >= 0;
-  return std::fclose(out) == 0 && written;
+  return cleave::bench::write_json_file(o.json, j).ok();
 }
 
 // Soft RLIMIT_NOFILE up to the hard limit: one socket per stream.

@@ -17,3 +17,8 @@ cleave_deploy_test(dockerfile unit 120)
 cleave_deploy_test(metric_names integration 300)
 cleave_deploy_test(manifest_smoke integration 420)
 cleave_deploy_test(worker_drain integration 420)
+# Its draining prefill's KV goes to a decode worker over tcp;ofi_rxm, whose writes complete only
+# when the decode worker's rail runs: beside e2e_serve_worker_failure (another router with its
+# workers) on the two CI cores, the decode worker went unscheduled for seconds and the write
+# missed its 5 s bound (a full run on 2026-12-03). The two take turns (RESOURCE_LOCK).
+set_tests_properties(deploy_worker_drain PROPERTIES RESOURCE_LOCK worker_processes)

@@ -13,3 +13,5 @@ foreach(name openai concurrency worker_failure grpc logprobs default_model kv_dt
   set_tests_properties(${tgt} PROPERTIES LABELS e2e TIMEOUT 240 SKIP_RETURN_CODE 77
                        ENVIRONMENT "PYTHONUNBUFFERED=1;PYTHONDONTWRITEBYTECODE=1")
 endforeach()
+# A router with its workers under load: not beside deploy_worker_drain (see tests/deploy.cmake).
+set_tests_properties(e2e_serve_worker_failure PROPERTIES RESOURCE_LOCK worker_processes)
