@@ -92,7 +92,7 @@ void EngineLoop::shutdown() {
   work_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   // The engine thread is gone: the reservations still held end here, fenced like the others.
-  std::lock_guard<std::mutex> state(state_mu_);
+  StateHold state(state_mu_, this);
   ledger_.end_all();
 }
 
@@ -228,8 +228,7 @@ void EngineLoop::run() {
   std::vector<Submission> incoming;
   std::vector<RequestId> cancels;
   std::vector<std::shared_ptr<ReserveOp>> reserves;
-  std::unique_lock<std::mutex> state(state_mu_);
-  t_state_holder = this;
+  StateHold state(state_mu_, this);
   // Fails with INTERNAL the requests of a step that threw. plan_ may name sequences the step
   // already finished (their pointers dangle): compared, never dereferenced.
   const auto fail_scheduled = [this](const std::string& what) {
@@ -260,7 +259,6 @@ void EngineLoop::run() {
       // the thread waits: a reservation made meanwhile sets rewait_ (its lease may end first).
       const bool busy = !requests_.empty() && !stalled_;
       const auto deadline = ledger_.next_deadline();
-      t_state_holder = nullptr;
       state.unlock();
       std::unique_lock<std::mutex> lk(mu_);
       const auto has_work = [&] {
@@ -275,7 +273,6 @@ void EngineLoop::run() {
       rewait_ = false;
       lk.unlock();
       state.lock();
-      t_state_holder = this;
       lk.lock();
       incoming.swap(incoming_);
       cancels.swap(cancels_);
@@ -302,7 +299,6 @@ void EngineLoop::run() {
       }
       for (auto& op : reserves) answer(*op, Unavailable("the engine is shutting down"));
       idle_cv_.notify_all();
-      t_state_holder = nullptr;
       return;
     }
     admit_pending_prefilled();
@@ -311,7 +307,7 @@ void EngineLoop::run() {
       // The thread's boundary: a throw inside a step (a sink, a hook, a bug) fails the
       // requests that step computed, not the worker.
       try {
-        step();
+        step(state);
       } catch (...) {
         fail_scheduled(current_exception_text());
       }
@@ -357,7 +353,7 @@ void EngineLoop::cancel_now(RequestId id) {
   finish(*it->second, ev);
 }
 
-void EngineLoop::step() {
+void EngineLoop::step(StateHold& state) {
   const auto step_start = std::chrono::steady_clock::now();
   ledger_.schedule(plan_);
   stalled_ = plan_.empty() && plan_.blocked;
@@ -426,14 +422,10 @@ void EngineLoop::step() {
   Status st;
   {
     struct Relock {
-      EngineLoop* loop;
-      ~Relock() {
-        loop->state_mu_.lock();
-        t_state_holder = loop;
-      }
-    } relock{this};
-    t_state_holder = nullptr;
-    state_mu_.unlock();
+      StateHold& state;
+      ~Relock() { state.lock(); }
+    } relock{state};
+    state.unlock();
     st = model_->forward_batch(batch_, *pool_, hooks);
   }
   local_stats_.forward_seconds += seconds_since(t0);

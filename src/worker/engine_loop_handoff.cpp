@@ -53,14 +53,14 @@ Status EngineLoop::reserve_async(RequestId id, int64_t num_tokens, std::chrono::
   }
   // Made here and now when the engine's state is free (the engine waits for work or computes a
   // forward pass); else the engine thread makes it before its next forward pass. Never waits.
-  if (t_state_holder != this && state_mu_.try_lock()) {
-    const EngineLoop* outer = t_state_holder;
-    t_state_holder = this;
-    run_control_ops();
-    t_state_holder = outer;
-    state_mu_.unlock();
-    std::lock_guard<std::mutex> lk(mu_);
-    rewait_ = true;  // a waiting engine thread takes the new lease deadline into account
+  if (t_state_holder != this) {
+    StateHold state(state_mu_, this, std::try_to_lock);
+    if (state.owns()) {
+      run_control_ops();
+      state.unlock();
+      std::lock_guard<std::mutex> lk(mu_);
+      rewait_ = true;  // a waiting engine thread takes the new lease deadline into account
+    }
   }
   work_cv_.notify_one();
   return Status::Ok();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 
 #include "cleave/engine/token_finisher.h"
 #include "cleave/worker/engine_loop.h"
@@ -40,6 +41,47 @@ struct EngineLoop::RequestState {
 // The engine loop whose state lock this thread holds (nullptr: none): reserve_async() called
 // with it held (from a callback) queues instead of taking the lock again.
 inline thread_local const EngineLoop* t_state_holder = nullptr;
+
+// The engine's state lock held by this thread, with t_state_holder naming its loop meanwhile;
+// let go, t_state_holder names again the loop (if any) it named before. Every take and release
+// of state_mu_ goes through it, so the two never disagree.
+class EngineLoop::StateHold {
+ public:
+  // Takes the lock (blocking).
+  StateHold(std::mutex& mu, const EngineLoop* loop) : mu_(mu), loop_(loop) { lock(); }
+  // Takes the lock only if it is free now: owns() says whether it did.
+  StateHold(std::mutex& mu, const EngineLoop* loop, std::try_to_lock_t) : mu_(mu), loop_(loop) {
+    if (mu_.try_lock()) hold();
+  }
+  ~StateHold() {
+    if (owns_) unlock();
+  }
+  StateHold(const StateHold&) = delete;
+  StateHold& operator=(const StateHold&) = delete;
+
+  bool owns() const { return owns_; }
+  void lock() {
+    mu_.lock();
+    hold();
+  }
+  void unlock() {
+    t_state_holder = outer_;
+    owns_ = false;
+    mu_.unlock();
+  }
+
+ private:
+  void hold() {
+    outer_ = t_state_holder;
+    t_state_holder = loop_;
+    owns_ = true;
+  }
+
+  std::mutex& mu_;
+  const EngineLoop* const loop_;
+  const EngineLoop* outer_ = nullptr;
+  bool owns_ = false;
+};
 
 struct EngineLoop::ReserveOp {
   RequestId id = 0;

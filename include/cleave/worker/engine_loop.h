@@ -261,7 +261,9 @@ class EngineLoop {
   void admit(EngineRequest&& req, EngineEventCallback&& cb,
              std::chrono::steady_clock::time_point submitted);
   void cancel_now(RequestId id);
-  void step();
+  class StateHold;  // state_mu_ held by this thread (engine_loop_state.h)
+  // `state` is held; let go during the forward pass.
+  void step(StateHold& state);
   void sample_and_stream(RequestState& r, const Sequence& seq, std::span<float> logits);
   // Removes the request (scheduler included) after sending `ev` (finished is set here).
   void finish(RequestState& r, EngineEvent& ev);
