@@ -79,6 +79,7 @@ struct KvSender::State {
   size_t checked = 0;  // handles[0, checked) are known to have succeeded
 
   std::atomic<bool> failed{false};
+  mutable std::atomic<bool> lease_expired{false};  // a failure was the lease's end
   std::atomic<bool> finishing{false};
   std::atomic<bool> hold_notice{false};  // the notice waits for finish_async's value
   std::atomic<uint64_t> bytes{0};
@@ -93,6 +94,7 @@ struct KvSender::State {
   bool lease_over(Clock::time_point now) const { return now >= post_by; }
   // The failure of a transfer that stopped at the lease's end.
   Status lease_ended(std::string_view what) const {
+    lease_expired.store(true, std::memory_order_release);
     return DeadlineExceeded(fmt::format(
         "KV of request {}: {}: the lease of {} ms on decode worker {}'s blocks has ended (writes "
         "stop {} ms before its end, counted from when the destination arrived); the decode "
@@ -102,10 +104,11 @@ struct KvSender::State {
   }
 
   void fail(Status s) {
-    // The transfer engine's "not posted by its deadline": the deadline is the lease's.
-    if (s.code() == StatusCode::kDeadlineExceeded && lease_over(Clock::now()) &&
-        s.message().find("deadline") != std::string::npos) {
-      s = lease_ended(s.message());
+    // A failure past the lease's end is the lease's: the transfer engine's "not posted by its
+    // deadline" (the deadline is the lease's), or a write posted in time that failed because
+    // the decode worker, its lease over, revoked the reservation's key.
+    if (lease_over(Clock::now()) && !lease_expired.load(std::memory_order_acquire)) {
+      s = lease_ended(s.to_string());
     }
     std::lock_guard<std::mutex> lock(mu);
     if (failure.ok()) {
@@ -453,5 +456,9 @@ double KvSender::transfer_seconds() const {
 }
 
 Status KvSender::failure() const { return state_->first_failure(); }
+
+bool KvSender::lease_ended() const {
+  return !state_->first_failure().ok() && state_->lease_expired.load(std::memory_order_acquire);
+}
 
 }  // namespace cleave

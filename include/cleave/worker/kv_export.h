@@ -132,6 +132,9 @@ class KvSender final : public KvExportSink, public std::enable_shared_from_this<
   double transfer_seconds() const;
   // The first failure seen by on_layer_ready, finish() or drain(); OK while none.
   Status failure() const;
+  // The writes stopped because the destination's lease ended (not a transfer fault): the
+  // decode worker is fine, this side was too late.
+  bool lease_ended() const;
 
  private:
   KvSender() = default;

@@ -255,8 +255,20 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
   }
 
   Status transfer_failed(std::string_view why) {
+    // The next transfer to this destination connects afresh: a write refused at the lease's
+    // end (its key revoked) can leave the peer marked unreachable here too.
     core_.forget_peer(address_);
     core_.metrics.kv_handoffs_failed->inc();
+    if (kv_ && kv_->lease_ended()) {
+      // The decode worker is fine: this worker got to the prompt too late (a long queue).
+      // RESOURCE_EXHAUSTED: try another worker or later (worker.proto).
+      log::warn("worker {}: request {}: the lease on decode worker '{}' ended before its KV was "
+                "written: {}", core_.id, id_, decode_worker_, why);
+      return ResourceExhausted(fmt::format(
+          "request {}: this prefill worker did not write the KV within the lease on decode "
+          "worker '{}' (busy: reserve again, here or on another worker): {}",
+          id_, decode_worker_, why));
+    }
     log::warn("worker {}: request {}: KV transfer to decode worker '{}' failed: {}", core_.id, id_,
               decode_worker_, why);
     // ABORTED, not UNAVAILABLE: this worker is fine, its destination is not (worker.proto).

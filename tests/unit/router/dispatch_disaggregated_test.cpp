@@ -183,6 +183,36 @@ TEST_F(DispatchDisaggregatedTest, ADeadDecodeWorkerIsAvoidedByRetrying) {
   expect_blocks_back(*decode.client, "decode");
 }
 
+// A prefill that reaches its prompt after the decode worker's lease has ended (here: a lease
+// shorter than the prefill) is the prefill worker's lateness, not a fault: nobody is marked
+// failed, the request ends with RESOURCE_EXHAUSTED (try later), and every block comes back.
+TEST_F(DispatchDisaggregatedTest, ALeaseThatEndsBeforeThePrefillWroteBlamesNoWorker) {
+  std::string why;
+  TestWorker decode = start_worker(worker_config("decode", slow_model_path()), &why);
+  if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+  TestWorker prefill = start_worker(worker_config("prefill", slow_model_path()));
+  ASSERT_TRUE(prefill.server);
+  DispatcherOptions o = disaggregated({prefill.address}, {decode.address});
+  o.lease = 5ms;  // over before the first layer of a 900-token prompt is computed
+  auto d = make_dispatcher(o);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->wait_ready(10s));
+  std::mt19937 rng(5);
+  const auto prompt = testing_engine::random_prompt(rng, *ref_->tok, 512, 900);
+  Submitted s = submit(**d, prompt, greedy(4));
+  ASSERT_TRUE(s.observer->wait_end(30s)) << "the request hangs";
+  EXPECT_FALSE(s.observer->finished());
+  EXPECT_EQ(s.observer->error().code(), StatusCode::kResourceExhausted)
+      << s.observer->error().to_string();
+  EXPECT_NE(s.observer->error().message().find("lease"), std::string::npos)
+      << s.observer->error().to_string();
+  const auto pools = (*d)->pools();
+  EXPECT_EQ(pools[0].workers_ready, 1) << "the prefill worker was marked failed";
+  EXPECT_EQ(pools[1].workers_ready, 1) << "the decode worker was marked failed";
+  expect_blocks_back(*prefill.client, "prefill");
+  expect_blocks_back(*decode.client, "decode");
+}
+
 TEST_F(DispatchDisaggregatedTest, CancelDuringDecodeFreesBlocksOnBothWorkers) {
   std::string why;
   TestWorker decode = start_worker(worker_config("decode", slow_model_path()), &why);
