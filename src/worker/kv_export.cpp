@@ -79,13 +79,13 @@ struct KvSender::State {
   size_t checked = 0;  // handles[0, checked) are known to have succeeded
 
   std::atomic<bool> failed{false};
-  mutable std::atomic<bool> lease_expired{false};  // a failure was the lease's end
   std::atomic<bool> finishing{false};
   std::atomic<bool> hold_notice{false};  // the notice waits for finish_async's value
   std::atomic<uint64_t> bytes{0};
 
   mutable std::mutex mu;  // never held across a transfer call
   Status failure;                                // the first failure seen
+  bool failure_is_lease = false;                 // it was the lease's end
   std::vector<transfer::TransferHandle> handles;  // one per submitted batch, in order
   std::optional<transfer::TransferHandle> notice;
   std::vector<int64_t> sent_until;  // per layer: positions [0, sent_until) submitted
@@ -94,7 +94,6 @@ struct KvSender::State {
   bool lease_over(Clock::time_point now) const { return now >= post_by; }
   // The failure of a transfer that stopped at the lease's end.
   Status lease_ended(std::string_view what) const {
-    lease_expired.store(true, std::memory_order_release);
     return DeadlineExceeded(fmt::format(
         "KV of request {}: {}: the lease of {} ms on decode worker {}'s blocks has ended (writes "
         "stop {} ms before its end, counted from when the destination arrived); the decode "
@@ -103,20 +102,28 @@ struct KvSender::State {
         KvSender::lease_margin(dest.lease).count()));
   }
 
+  // A failure past the lease's end is the lease's: the transfer engine's "not posted by its
+  // deadline" (the deadline is the lease's), or a write posted in time that failed because the
+  // decode worker, its lease over, revoked the reservation's key.
   void fail(Status s) {
-    // A failure past the lease's end is the lease's: the transfer engine's "not posted by its
-    // deadline" (the deadline is the lease's), or a write posted in time that failed because
-    // the decode worker, its lease over, revoked the reservation's key.
-    if (lease_over(Clock::now()) && !lease_expired.load(std::memory_order_acquire)) {
-      s = lease_ended(s.to_string());
-    }
+    const bool lease = lease_over(Clock::now());
+    record(lease ? lease_ended(s.to_string()) : std::move(s), lease);
+  }
+  // The writes stop at the lease's end: `what` was not sent.
+  void fail_at_lease_end(std::string_view what) { record(lease_ended(what), true); }
+  void record(Status s, bool lease) {
     std::lock_guard<std::mutex> lock(mu);
     if (failure.ok()) {
       log::warn("KV transfer of request {} to decode worker {} failed: {}", dest.request_id,
                 dest.worker_id, s.to_string());
       failure = std::move(s);
+      failure_is_lease = lease;
     }
     failed.store(true, std::memory_order_release);
+  }
+  bool lease_failed() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return !failure.ok() && failure_is_lease;
   }
   Status first_failure() const {
     std::lock_guard<std::mutex> lock(mu);
@@ -254,7 +261,7 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
     ++s.checked;
   }
   if (s.lease_over(now)) {
-    s.fail(s.lease_ended(fmt::format("layer {} positions [{}, {}) not sent", layer, begin, end)));
+    s.fail_at_lease_end(fmt::format("layer {} positions [{}, {}) not sent", layer, begin, end));
     return false;
   }
   if (begin < end) {
@@ -332,7 +339,7 @@ void KvSender::start_finish(uint64_t notice_value) {
   }
   if (send_notice && s.lease_over(Clock::now())) {
     send_notice = false;
-    s.fail(s.lease_ended("its notice is not sent"));
+    s.fail_at_lease_end("its notice is not sent");
   }
   if (send_notice) {
     auto n = s.engine->notify(s.peer, s.dest.notice_tag, notice_value, s.batch.post_by);
@@ -457,8 +464,6 @@ double KvSender::transfer_seconds() const {
 
 Status KvSender::failure() const { return state_->first_failure(); }
 
-bool KvSender::lease_ended() const {
-  return !state_->first_failure().ok() && state_->lease_expired.load(std::memory_order_acquire);
-}
+bool KvSender::lease_ended() const { return state_->lease_failed(); }
 
 }  // namespace cleave
