@@ -142,6 +142,20 @@ Result<bool> WorkerClient::release(RequestId id) {
   return resp.released();
 }
 
+Result<bool> WorkerClient::renew_lease(RequestId id, std::chrono::milliseconds lease) {
+  v1::RenewLeaseRequest req;
+  req.set_request_id(id);
+  req.set_lease_ms(lease.count());
+  CLEAVE_ASSIGN_OR_RETURN(
+      v1::RenewLeaseResponse resp,
+      impl_->unary<v1::RenewLeaseResponse>(
+          "RenewLease", impl_->opts.unary_timeout,
+          [&](grpc::ClientContext* c, v1::RenewLeaseResponse* r) {
+            return impl_->stub->RenewLease(c, req, r);
+          }));
+  return resp.renewed();
+}
+
 Result<v1::PrefillResponse> WorkerClient::prefill(const v1::PrefillRequest& req) {
   return impl_->unary<v1::PrefillResponse>(
       "Prefill", impl_->opts.prefill_timeout, [&](grpc::ClientContext* c, v1::PrefillResponse* r) {

@@ -93,6 +93,14 @@ bool BlockLedger::release_reservation(SequenceId id) {
   return true;
 }
 
+bool BlockLedger::renew_lease(SequenceId id, std::chrono::milliseconds lease) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end() || lease.count() < 1) return false;
+  it->second.deadline = std::max(it->second.deadline, now_() + lease);
+  ++counters_.leases_renewed;
+  return true;
+}
+
 std::optional<BlockLedger::Clock::time_point> BlockLedger::next_deadline() const {
   std::optional<Clock::time_point> soonest;
   for (const auto& [id, res] : reservations_) {

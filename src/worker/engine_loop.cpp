@@ -218,6 +218,7 @@ void EngineLoop::publish_stats() {
     published_.blocks_pinned = ledger_.blocks_pinned();
     published_.leases_expired = ledger_.counters().leases_expired;
     published_.reservations_released = ledger_.counters().reservations_released;
+    published_.leases_renewed = ledger_.counters().leases_renewed;
     if (idle && ledger_.idle() && incoming_.empty() && reserves_.empty()) idle_ = true;
   }
   idle_cv_.notify_all();

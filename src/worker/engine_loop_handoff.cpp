@@ -87,6 +87,18 @@ bool EngineLoop::release_reservation(RequestId id) {
   return true;
 }
 
+bool EngineLoop::renew_reservation(RequestId id, std::chrono::milliseconds lease) {
+  if (lease.count() < 1) return false;
+  const auto until = std::chrono::steady_clock::now() + lease;
+  std::lock_guard<std::mutex> lk(mu_);
+  // An expiry erases the id under this lock when it decides (expire_leases): once renewed here,
+  // the reservation is spared until the renewal is applied.
+  if (reserved_ids_.count(id) == 0) return false;
+  auto [it, added] = lease_renewals_.emplace(id, until);
+  if (!added) it->second = std::max(it->second, until);
+  return true;
+}
+
 bool EngineLoop::release_pinned(RequestId id) {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -108,6 +120,7 @@ void EngineLoop::run_control_ops() {
     reserves.swap(reserves_);
     stopping = stopping_;
   }
+  apply_lease_renewals();
   for (RequestId id : pin_releases) release_pinned_now(id);
   // Releases before reserves: a release queued before a new reserve of the same id ends the
   // old reservation, never the new one.
@@ -167,16 +180,35 @@ void EngineLoop::release_reservation_now(RequestId id) {
   (void)ledger_.release_reservation(id);
 }
 
+void EngineLoop::apply_lease_renewals() {
+  std::unordered_map<RequestId, std::chrono::steady_clock::time_point> renewals;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (lease_renewals_.empty()) return;
+    renewals.swap(lease_renewals_);
+  }
+  const auto now = ledger_.now();
+  for (const auto& [id, until] : renewals) {
+    // At least 1 ms: a renewal asked for is never an expiry.
+    const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(until - now),
+                               std::chrono::milliseconds(1));
+    (void)ledger_.renew_lease(id, left);
+  }
+}
+
 void EngineLoop::expire_leases() {
   if (ledger_.num_reservations() == 0) return;
-  const std::vector<SequenceId> expired = ledger_.expire_leases([this](SequenceId id) {
-    // A prefilled submit already took it (queued, not yet admitted): not expired.
+  apply_lease_renewals();
+  (void)ledger_.expire_leases([this](SequenceId id) {
     std::lock_guard<std::mutex> lk(mu_);
-    return reserved_ids_.count(id) == 0 && in_flight_.count(id) != 0;
+    // A prefilled submit already took it (queued, not yet admitted): not expired.
+    if (reserved_ids_.count(id) == 0 && in_flight_.count(id) != 0) return true;
+    // Renewed since the renewals were applied: it waits for the next round.
+    if (lease_renewals_.count(id) != 0) return true;
+    // It expires: from now on a renewal or a release finds nothing under the id.
+    reserved_ids_.erase(id);
+    return false;
   });
-  if (expired.empty()) return;
-  std::lock_guard<std::mutex> lk(mu_);
-  for (SequenceId id : expired) reserved_ids_.erase(id);
 }
 
 void EngineLoop::release_pinned_now(RequestId id) { (void)ledger_.release_pinned(id); }

@@ -69,9 +69,18 @@ struct KvSender::State {
   KvLayout local;
   KvDestination dest;
   int64_t prompt_len = 0;
-  // Nothing is posted at or after this instant (the lease's end less its margin); max() when
-  // the destination gave no lease.
-  Clock::time_point post_by = Clock::time_point::max();
+  // Nothing is posted at or after this instant (the lease's end less its margin, moved by
+  // renew_lease); max() when the destination gave no lease. Read by the engine thread and the
+  // finishing thread, moved by RenewLease's.
+  std::atomic<Clock::rep> post_by_ticks{Clock::time_point::max().time_since_epoch().count()};
+  Clock::time_point post_by() const {
+    return Clock::time_point(Clock::duration(post_by_ticks.load(std::memory_order_acquire)));
+  }
+  // The transfer engine's post_by for what is submitted now: none without a lease.
+  std::optional<Clock::time_point> post_bound() const {
+    if (dest.lease.count() <= 0) return std::nullopt;
+    return post_by();
+  }
 
   // Engine thread only: the batch whose write vector is reused from layer to layer (its
   // WriteOps keep their copy of the destination descriptor, so a reused slot allocates nothing).
@@ -91,7 +100,7 @@ struct KvSender::State {
   std::vector<int64_t> sent_until;  // per layer: positions [0, sent_until) submitted
   std::optional<Clock::time_point> first_submit, last_layer_done, notice_done;
 
-  bool lease_over(Clock::time_point now) const { return now >= post_by; }
+  bool lease_over(Clock::time_point now) const { return now >= post_by(); }
   // The failure of a transfer that stopped at the lease's end.
   Status lease_ended(std::string_view what) const {
     return DeadlineExceeded(fmt::format(
@@ -211,8 +220,8 @@ Result<std::shared_ptr<KvSender>> KvSender::create(transfer::TransferEngine& eng
   }
   auto st = std::make_shared<State>();
   if (dest.lease.count() > 0) {
-    st->post_by = Clock::now() + dest.lease - lease_margin(dest.lease);
-    st->batch.post_by = st->post_by;
+    const Clock::time_point post_by = Clock::now() + dest.lease - lease_margin(dest.lease);
+    st->post_by_ticks.store(post_by.time_since_epoch().count(), std::memory_order_relaxed);
   }
   st->engine = &engine;
   st->peer = peer;
@@ -279,6 +288,7 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
                   ++n;
                 });
     w.resize(n);
+    s.batch.post_by = s.post_bound();  // a renewal moves it
     auto h = s.engine->submit(s.batch);
     if (!h.ok()) {
       s.fail(h.status());
@@ -304,7 +314,7 @@ bool KvSender::on_layer_ready(int64_t layer, int64_t begin, int64_t end,
     }
   }
   if (send_notice) {
-    auto n = s.engine->notify(s.peer, s.dest.notice_tag, 0, s.batch.post_by);
+    auto n = s.engine->notify(s.peer, s.dest.notice_tag, 0, s.post_bound());
     if (!n.ok()) {
       s.fail(n.status());
       return false;
@@ -342,7 +352,7 @@ void KvSender::start_finish(uint64_t notice_value) {
     s.fail_at_lease_end("its notice is not sent");
   }
   if (send_notice) {
-    auto n = s.engine->notify(s.peer, s.dest.notice_tag, notice_value, s.batch.post_by);
+    auto n = s.engine->notify(s.peer, s.dest.notice_tag, notice_value, s.post_bound());
     if (n.ok()) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.notice = std::move(*n);
@@ -465,5 +475,20 @@ double KvSender::transfer_seconds() const {
 Status KvSender::failure() const { return state_->first_failure(); }
 
 bool KvSender::lease_ended() const { return state_->lease_failed(); }
+
+bool KvSender::renew_lease(std::chrono::milliseconds lease) {
+  State& s = *state_;
+  if (s.dest.lease.count() <= 0 || lease.count() < 1) return false;
+  if (s.failed.load(std::memory_order_acquire)) return false;
+  const Clock::time_point now = Clock::now();
+  const Clock::rep want = (now + lease - lease_margin(s.dest.lease)).time_since_epoch().count();
+  Clock::rep cur = s.post_by_ticks.load(std::memory_order_acquire);
+  for (;;) {
+    // A bound that has passed stays passed: the decode worker may have revoked the key by now.
+    if (now.time_since_epoch().count() >= cur) return false;
+    if (want <= cur) return true;
+    if (s.post_by_ticks.compare_exchange_weak(cur, want, std::memory_order_acq_rel)) return true;
+  }
+}
 
 }  // namespace cleave

@@ -33,7 +33,7 @@ namespace cleave {
 struct WorkerClientOptions {
   // connect() waits this long for the channel to become ready.
   std::chrono::milliseconds connect_timeout{5000};
-  // Deadline of GetInfo, GetLoad, GetMetrics, Reserve, Release and Abort.
+  // Deadline of GetInfo, GetLoad, GetMetrics, Reserve, Release, RenewLease and Abort.
   std::chrono::milliseconds unary_timeout{10000};
   // Deadline of a Prefill call (compute and transfer of the whole prompt).
   std::chrono::milliseconds prefill_timeout{120000};
@@ -77,6 +77,9 @@ class WorkerClient {
                                     std::chrono::milliseconds lease = std::chrono::milliseconds{0});
   // true when a reservation was given back; false when there was none under `id`.
   Result<bool> release(RequestId id);
+  // RenewLease (decode or prefill worker): true when the reservation (or the Prefill writing
+  // into it) was found and its lease runs again from now for `lease`.
+  Result<bool> renew_lease(RequestId id, std::chrono::milliseconds lease);
   // Prefill (or unified) worker: computes the prompt, writes its KV into req.destination and
   // answers with the first token once the KV is in place.
   Result<v1::PrefillResponse> prefill(const v1::PrefillRequest& req);

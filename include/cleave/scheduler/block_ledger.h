@@ -61,6 +61,7 @@ using ReservationFence = std::function<void(ReservationEnd)>;
 struct LedgerCounters {
   uint64_t leases_expired = 0;         // reservations whose lease ended unconsumed
   uint64_t reservations_released = 0;  // ended by release_reservation()
+  uint64_t leases_renewed = 0;         // renew_lease() calls that found the reservation
 };
 
 class BlockLedger {
@@ -93,6 +94,11 @@ class BlockLedger {
   bool has_reservation(SequenceId id) const { return reservations_.count(id) != 0; }
   // Gives the blocks back after the fence (kReleased). false when there is none under `id`.
   bool release_reservation(SequenceId id);
+  // The reservation's lease runs again from now(): its deadline becomes now() + lease, unless it
+  // is later already (a renewal never shortens a lease). For a prefill that waits in its
+  // worker's queue longer than the lease (the router renews while the Prefill runs). false when
+  // there is none under `id` (consumed, released, expired) or the lease is under 1 ms.
+  bool renew_lease(SequenceId id, std::chrono::milliseconds lease);
   // The soonest lease deadline; nullopt without reservations.
   std::optional<Clock::time_point> next_deadline() const;
   // Ends (kExpired) every reservation whose deadline is <= now() and for which `spare` (may be

@@ -41,7 +41,7 @@
 // queued change, never spinning.
 //
 // Thread-safety: submit(), cancel(), reserve(), reserve_async(), release_reservation(),
-// release_pinned(), stats(), wait_idle() and shutdown() may be called from any thread. Callbacks
+// renew_reservation(), release_pinned(), stats(), wait_idle() and shutdown() may be called from any thread. Callbacks
 // run one at a time under the engine's state lock (on the engine thread, or for reservations on
 // the thread of reserve_async()): they may call submit(), cancel(), reserve_async(),
 // release_reservation() and release_pinned(), and should return quickly (they hold up every
@@ -178,6 +178,7 @@ struct EngineStats {
   int64_t blocks_pinned = 0;        // blocks of ended prefills held until release_pinned()
   uint64_t leases_expired = 0;      // reservations whose lease ended unconsumed
   uint64_t reservations_released = 0;  // ended by release_reservation()
+  uint64_t leases_renewed = 0;      // renew_reservation() calls that extended a lease
 };
 
 class EngineLoop {
@@ -233,6 +234,12 @@ class EngineLoop {
   // Gives a reservation's blocks back (in the engine's next iteration; does not wait). false
   // when there is none under `id` (consumed, released or expired).
   bool release_reservation(RequestId id);
+  // Runs the reservation's lease again from now: it ends no earlier than `lease` from this call
+  // (BlockLedger::renew_lease). Does not wait: the engine applies it before it next looks at
+  // lease deadlines, and true means exactly that it will (the reservation had not ended, and
+  // cannot end by its old deadline now). false when there is none under `id` (consumed,
+  // released or expired) or the lease is under 1 ms.
+  bool renew_reservation(RequestId id, std::chrono::milliseconds lease);
   // Prefill side: releases the blocks a kv_export request kept after its finished event (call
   // it once its transfer has ended, successfully or not). Does not wait. false when nothing is
   // pinned for id.
@@ -278,6 +285,8 @@ class EngineLoop {
   void release_reservation_now(RequestId id);
   void release_pinned_now(RequestId id);
   void expire_leases();
+  // The renewals asked for since the last call go to the ledger.
+  void apply_lease_renewals();
   void admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestState> r);
   void admit_pending_prefilled();
   void export_layer(int64_t layer);
@@ -328,6 +337,8 @@ class EngineLoop {
   std::vector<std::shared_ptr<ReserveOp>> reserves_;
   std::vector<RequestId> reservation_releases_;
   std::vector<RequestId> pin_releases_;
+  // Renewals asked for and not yet applied to the ledger: (id, lease from when asked).
+  std::unordered_map<RequestId, std::chrono::steady_clock::time_point> lease_renewals_;
   // Asked for, made, and not consumed or ended, with the ReserveOp that asked: a release that
   // races a new reserve of the same id cancels only the old one.
   std::unordered_map<RequestId, uint64_t> reserved_ids_;

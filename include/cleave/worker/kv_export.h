@@ -80,6 +80,7 @@ inline std::optional<int32_t> token_of_notice_value(uint64_t value) {
 // to create() (the Reserve reply, the router, the Prefill call: the lease began that much
 // earlier than the sender counts) and the flight of the last posted write, so that what was
 // posted lands before the key is revoked. A lease of 0 (none given) sets no bound.
+// renew_lease() moves the bound when the decode worker has renewed the lease (RenewLease).
 class KvSender final : public KvExportSink, public std::enable_shared_from_this<KvSender> {
  public:
   // min(lease / 10, 500 ms): 500 ms of the default 10 s lease, 20 ms of a 200 ms one.
@@ -132,6 +133,11 @@ class KvSender final : public KvExportSink, public std::enable_shared_from_this<
   double transfer_seconds() const;
   // The first failure seen by on_layer_ready, finish() or drain(); OK while none.
   Status failure() const;
+  // The decode worker renewed the lease for `lease` (the router asked it first): nothing is
+  // posted after lease - lease_margin(dest.lease) from now, unless the bound is later already.
+  // false when the destination gave no lease, or the writes have stopped (failed, or the
+  // bound had passed: a lease that ended is not brought back). Any thread.
+  bool renew_lease(std::chrono::milliseconds lease);
   // The writes stopped because the destination's lease ended (not a transfer fault): the
   // decode worker is fine, this side was too late.
   bool lease_ended() const;

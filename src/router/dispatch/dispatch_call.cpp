@@ -2,6 +2,7 @@
 // The RPC stages themselves are in dispatch_stages.cpp.
 #include "dispatch/dispatch_call.h"
 
+#include <algorithm>
 #include <random>
 
 #include "cleave/common/log.h"
@@ -34,8 +35,13 @@ bool retryable(StatusCode code) {
 
 }  // namespace
 
+std::chrono::milliseconds DispatchCore::watch_period_for(const DispatcherOptions& opts) {
+  const auto shortest = std::min(opts.timeouts.first_token, opts.timeouts.stream_idle);
+  return std::clamp(shortest / 8, std::chrono::milliseconds(5), std::chrono::milliseconds(50));
+}
+
 DispatchCore::DispatchCore(const DispatcherOptions& opts)
-    : options(opts), pools(opts), next_id(random_id_base()) {
+    : options(opts), watch_period(watch_period_for(opts)), pools(opts), next_id(random_id_base()) {
   if (opts.metrics == nullptr) return;
   metrics::MetricsRegistry& r = *opts.metrics;
   if (auto f = r.counter("cleave:kv_transfer_bytes_total",
@@ -71,6 +77,15 @@ DispatchCore::DispatchCore(const DispatcherOptions& opts)
     migrations_resumed = &f->with({"resumed"});
     migrations_completed = &f->with({"completed"});
     migrations_refused = &f->with({"refused"});
+  }
+  if (auto f = r.counter("cleave:router_lease_renewals_total",
+                         "Renewals of a decode reservation's lease while its prefill waited or "
+                         "ran, by outcome: renewed (on both workers), lost (the reservation or "
+                         "the prefill was gone, or a worker did not answer)",
+                         {"outcome"});
+      f.ok()) {
+    lease_renewed = &f->with({"renewed"});
+    lease_renewal_lost = &f->with({"lost"});
   }
   if (auto f = r.counter("cleave:router_worker_failures_total",
                          "RPCs to workers that failed UNAVAILABLE (the worker left its pool)");
@@ -209,6 +224,7 @@ void DispatchCall::end() {
     stage_ = Stage::kIdle;
     active_.reset();
     watch_deadline_ns_.store(0, std::memory_order_relaxed);
+    renew_at_ns_.store(0, std::memory_order_relaxed);
   }
   std::shared_ptr<RequestObserver> observer;
   {
@@ -242,6 +258,7 @@ std::string DispatchCall::disarm() {
   std::lock_guard<std::mutex> lock(mu_);
   active_.reset();
   watch_deadline_ns_.store(0, std::memory_order_relaxed);
+  renew_at_ns_.store(0, std::memory_order_relaxed);
   return std::move(timeout_reason_);
 }
 
@@ -355,6 +372,7 @@ void DispatchCall::deliver_error(const Status& error) {
 }
 
 void DispatchCall::check_deadline(std::chrono::steady_clock::time_point now) {
+  renew_lease_if_due(now);
   const int64_t d = watch_deadline_ns_.load(std::memory_order_relaxed);
   if (d == 0 || now.time_since_epoch() < std::chrono::nanoseconds(d)) return;
   std::shared_ptr<grpc::ClientContext> ctx;

@@ -63,7 +63,11 @@ struct DispatchCore {
   // Waits until no call is in flight or `timeout` passes; true when none is.
   bool wait_no_calls(std::chrono::milliseconds timeout);
 
+  // The watchdog's resolution: fine enough for the shortest stream deadline.
+  static std::chrono::milliseconds watch_period_for(const DispatcherOptions& options);
+
   const DispatcherOptions options;
+  const std::chrono::milliseconds watch_period;  // of check_deadline's calls
   WorkerPools pools;
   std::atomic<int64_t> admitted{0};  // requests submitted and not ended
   std::atomic<bool> stopping{false};
@@ -81,6 +85,8 @@ struct DispatchCore {
   metrics::Counter* migrations_resumed = nullptr;
   metrics::Counter* migrations_completed = nullptr;
   metrics::Counter* migrations_refused = nullptr;
+  metrics::Counter* lease_renewed = nullptr;
+  metrics::Counter* lease_renewal_lost = nullptr;
 
  private:
   std::mutex calls_mu_;
@@ -102,7 +108,8 @@ class DispatchCall final : public DispatchHandle,
   void cancel() override;
   // The dispatcher shuts down: the observer hears on_error(`why`) and the request is cancelled.
   void abandon(const Status& why);
-  // The watchdog: cancels the stream in flight when its stage deadline has passed.
+  // The watchdog: cancels the stream in flight when its stage deadline has passed, and renews
+  // the decode reservation's lease while the Prefill runs.
   void check_deadline(std::chrono::steady_clock::time_point now);
 
  private:
@@ -146,6 +153,12 @@ class DispatchCall final : public DispatchHandle,
   }
   void start_reserve();
   void start_prefill(v1::KvDestination destination, bool early);
+  // While the Prefill runs, every third of the lease: RenewLease on the decode worker, then
+  // (when it renewed) on the prefill worker (worker.proto). A lease too short for the
+  // watchdog's resolution (under 6 watch periods) is not renewed.
+  void renew_lease_if_due(std::chrono::steady_clock::time_point now);
+  void renew_on_prefill(std::chrono::steady_clock::time_point asked, int attempt);
+  void renewal_done(bool renewed);
   // first_token < 0: an early Decode (its first token comes in the notice), gated.
   void start_decode(int32_t first_token);
   // The Prefill delivered the first token: the early stream's held-back events go out in
@@ -212,6 +225,11 @@ class DispatchCall final : public DispatchHandle,
   bool ended_ = false;
   int64_t cached_prompt_tokens_ = 0;  // the prefill's, for the finished event's usage
   std::atomic<int64_t> watch_deadline_ns_{0};  // steady clock; 0: no watchdog deadline
+  // Lease renewal of the current attempt's reservation (dispatch_stages.cpp): the next one's
+  // time (steady clock ns; 0: none), the lease, and whether one is in flight.
+  std::atomic<int64_t> renew_at_ns_{0};
+  std::chrono::milliseconds lease_{0};  // under mu_
+  bool renewing_ = false;               // under mu_
 };
 
 }  // namespace cleave::router

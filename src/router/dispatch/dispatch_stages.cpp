@@ -125,11 +125,22 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
   *op->request.mutable_params() = params_;
   *op->request.mutable_destination() = std::move(destination);
   op->request.set_first_token_in_notice(early);
+  const std::chrono::milliseconds lease(op->request.destination().lease_ms());
   if (!arm(context_of(op), Stage::kPrefill, std::chrono::milliseconds{0})) {
     drop_early_stream();
     release_on(workers_.decode, id_);
     end();
     return;
+  }
+  if (lease >= 6 * core_->watch_period) {
+    // Renewed while the Prefill waits in its worker's queue or runs (renew_lease_if_due).
+    std::lock_guard<std::mutex> lock(mu_);
+    lease_ = lease;
+    renewing_ = false;
+    renew_at_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           (Clock::now() + lease / 3).time_since_epoch())
+                           .count(),
+                       std::memory_order_relaxed);
   }
   auto self = shared_from_this();
   workers_.prefill->stub->async()->Prefill(
@@ -202,6 +213,98 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
           self->start_decode(first.token());
         }
       });
+}
+
+void DispatchCall::renew_lease_if_due(Clock::time_point now) {
+  const int64_t at = renew_at_ns_.load(std::memory_order_relaxed);
+  const int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  if (at == 0 || now_ns < at) return;
+  std::shared_ptr<WorkerEndpoint> decode;
+  uint64_t id = 0;
+  std::chrono::milliseconds lease{0};
+  int attempt = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (renew_at_ns_.load(std::memory_order_relaxed) != at) return;
+    if (stage_ != Stage::kPrefill || ended_ || cancelled() || lease_.count() <= 0) {
+      renew_at_ns_.store(0, std::memory_order_relaxed);
+      return;
+    }
+    renew_at_ns_.store(now_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(lease_ / 3)
+                                    .count(),
+                       std::memory_order_relaxed);
+    if (renewing_) return;  // the last one has not been answered: the next round tries again
+    renewing_ = true;
+    decode = workers_.decode;
+    id = id_;
+    lease = lease_;
+    attempt = attempt_.load();
+  }
+  // The decode worker first: the prefill's bound must never pass the decode worker's.
+  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(
+      core_->options.timeouts.cleanup);
+  op->request.set_request_id(id);
+  op->request.set_lease_ms(lease.count());
+  auto self = shared_from_this();
+  decode->stub->async()->RenewLease(
+      &op->ctx, &op->request, &op->response, [self, op, decode, now, attempt](grpc::Status s) {
+        if (!s.ok() || !op->response.renewed()) {
+          log::info("dispatch: worker {}: the lease of request {} was not renewed: {}",
+                    decode->address, op->request.request_id(),
+                    s.ok() ? "no such reservation (used, released or expired)"
+                           : s.error_message());
+          self->renewal_done(false);
+          return;
+        }
+        self->renew_on_prefill(now, attempt);
+      });
+}
+
+void DispatchCall::renew_on_prefill(Clock::time_point asked, int attempt) {
+  std::shared_ptr<WorkerEndpoint> prefill;
+  uint64_t id = 0;
+  std::chrono::milliseconds left{0};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stage_ != Stage::kPrefill || attempt_.load() != attempt || ended_) {
+      renewing_ = false;
+      return;  // the Prefill has answered meanwhile: nothing is left to renew there
+    }
+    prefill = workers_.prefill;
+    id = id_;
+    // The decode worker's lease began at most this long ago.
+    left = lease_ - std::chrono::ceil<std::chrono::milliseconds>(Clock::now() - asked);
+  }
+  if (left.count() < 1) {
+    renewal_done(false);
+    return;
+  }
+  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(
+      core_->options.timeouts.cleanup);
+  op->request.set_request_id(id);
+  op->request.set_lease_ms(left.count());
+  auto self = shared_from_this();
+  prefill->stub->async()->RenewLease(
+      &op->ctx, &op->request, &op->response, [self, op, prefill](grpc::Status s) {
+        const bool renewed = s.ok() && op->response.renewed();
+        if (!renewed) {
+          log::debug("dispatch: worker {}: the write bound of request {} was not renewed: {}",
+                     prefill->address, op->request.request_id(),
+                     s.ok() ? "no such prefill (ended, or its writes stopped)"
+                            : s.error_message());
+        }
+        self->renewal_done(renewed);
+      });
+}
+
+void DispatchCall::renewal_done(bool renewed) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    renewing_ = false;
+  }
+  metrics::Counter* c = renewed ? core_->lease_renewed : core_->lease_renewal_lost;
+  if (c) c->inc();
 }
 
 void DispatchCall::start_decode(int32_t first_token) {

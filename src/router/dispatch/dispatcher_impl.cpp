@@ -26,10 +26,7 @@ class DispatcherImpl final : public Dispatcher {
   explicit DispatcherImpl(const DispatcherOptions& options)
       : core_(std::make_shared<DispatchCore>(options)),
         discovery_(std::make_unique<WorkerDiscovery>(options, core_->pools)) {
-    // The watchdog's resolution: fine enough for the shortest stream deadline.
-    const auto shortest = std::min(options.timeouts.first_token, options.timeouts.stream_idle);
-    watch_period_ = std::clamp(shortest / 8, std::chrono::milliseconds(5),
-                               std::chrono::milliseconds(50));
+    watch_period_ = core_->watch_period;
     discovery_->start();
     watch_ = std::thread([this] { watch_loop(); });
   }

@@ -1,4 +1,5 @@
-// The RPCs every role serves: GetInfo, GetLoad, GetMetrics, Abort; and the shared helpers.
+// The RPCs every role serves: GetInfo, GetLoad, GetMetrics, Abort; RenewLease (decode and
+// prefill); and the shared helpers.
 #include <unistd.h>
 
 #include "cleave/common/log.h"
@@ -34,6 +35,28 @@ void WorkerCore::mark_aborted(RequestId id) {
 bool WorkerCore::take_aborted(RequestId id) {
   std::lock_guard<std::mutex> lock(aborted_mu_);
   return aborted_.erase(id) > 0;
+}
+
+void WorkerCore::add_sender(RequestId id, std::weak_ptr<KvSender> sender) {
+  std::lock_guard<std::mutex> lock(senders_mu_);
+  senders_[id] = std::move(sender);
+}
+
+void WorkerCore::remove_sender(RequestId id, const KvSender* sender) {
+  std::lock_guard<std::mutex> lock(senders_mu_);
+  auto it = senders_.find(id);
+  if (it == senders_.end()) return;
+  const std::shared_ptr<KvSender> held = it->second.lock();
+  if (!held || held.get() == sender) senders_.erase(it);
+}
+
+bool WorkerCore::renew_sender(RequestId id, std::chrono::milliseconds lease) {
+  std::shared_ptr<KvSender> sender;
+  {
+    std::lock_guard<std::mutex> lock(senders_mu_);
+    if (auto it = senders_.find(id); it != senders_.end()) sender = it->second.lock();
+  }
+  return sender && sender->renew_lease(lease);
 }
 
 Status WorkerCore::refuse_if_draining(std::string_view rpc) const {
@@ -96,6 +119,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::GetLoad(grpc::CallbackServerContext* ctx,
     out->set_reservations(s.reservations);
     out->set_blocks_reserved(s.blocks_reserved);
     out->set_leases_expired(s.leases_expired);
+    out->set_leases_renewed(s.leases_renewed);
     out->set_requests_finished(s.requests_finished);
     out->set_requests_failed(s.requests_failed);
     out->set_requests_cancelled(s.requests_cancelled);
@@ -108,6 +132,33 @@ grpc::ServerUnaryReactor* WorkerRpcs::GetMetrics(grpc::CallbackServerContext* ct
                                               const v1::GetMetricsRequest*, v1::MetricsText* out) {
   return unary(ctx, "GetMetrics", [&]() -> Status {
     out->set_text(core_.metrics.render(core_.engine->stats(), core_.reservations.size()));
+    return Status::Ok();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerRpcs::RenewLease(grpc::CallbackServerContext* ctx,
+                                                 const v1::RenewLeaseRequest* req,
+                                                 v1::RenewLeaseResponse* out) {
+  return unary(ctx, "RenewLease", [&]() -> Status {
+    const RequestId id = req->request_id();
+    if (req->lease_ms() < 1) {
+      return InvalidArgument(fmt::format(
+          "RenewLease of request {}: lease_ms is {}, it must be at least 1", id, req->lease_ms()));
+    }
+    const std::chrono::milliseconds lease(req->lease_ms());
+    switch (core_.role) {
+      case WorkerRole::kDecode:
+        out->set_renewed(core_.engine->renew_reservation(id, lease));
+        break;
+      case WorkerRole::kPrefill:
+        out->set_renewed(core_.renew_sender(id, lease));
+        break;
+      default:
+        return wrong_role(core_, "RenewLease", "decode and prefill");
+    }
+    log::debug("worker {}: lease of request {} {} for {} ms", core_.id, id,
+               out->renewed() ? "renewed" : "not renewed (no such reservation or prefill)",
+               lease.count());
     return Status::Ok();
   });
 }

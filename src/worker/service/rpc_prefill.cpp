@@ -110,6 +110,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     kv_ = std::move(*sender);
     // The Decode is open already: the notice waits for the first token and carries it.
     if (req_.first_token_in_notice()) kv_->hold_notice();
+    core_.add_sender(id_, kv_);  // RenewLease finds it there
     return Status::Ok();
   }
 
@@ -285,6 +286,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     }
     deadline_alarm_.Cancel();
     grace_alarm_.Cancel();
+    if (kv_) core_.remove_sender(id_, kv_.get());
     if (counted_) core_.calls_in_flight.fetch_sub(1);
     Finish(count_rpc(core_, "Prefill", to_grpc(s)));
   }

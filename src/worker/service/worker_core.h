@@ -18,6 +18,7 @@
 #include "cleave/transfer/transfer_engine.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "cleave/worker/engine_loop.h"
+#include "cleave/worker/kv_export.h"
 #include "cleave/worker/worker_service.h"
 #include "reservation_table.h"
 #include "worker_metrics.h"
@@ -66,6 +67,14 @@ struct WorkerCore {
   Result<uint64_t> peer_for(const std::string& address);
   void forget_peer(const std::string& address);
 
+  // Prefill: the KV senders of the Prefill calls in flight, by request id, for RenewLease.
+  void add_sender(RequestId id, std::weak_ptr<KvSender> sender);
+  // Removes the entry of `id` if it is `sender`'s (or its sender is gone).
+  void remove_sender(RequestId id, const KvSender* sender);
+  // Extends the write bound of the Prefill of `id` (KvSender::renew_lease); false when there is
+  // no such Prefill or its writes have stopped.
+  bool renew_sender(RequestId id, std::chrono::milliseconds lease);
+
   // Prefill: Abort marks a request here before it cancels it, so that the Prefill tells an
   // Abort from a cancellation by its KV sink (a failed transfer). Prefill clears its mark.
   void mark_aborted(RequestId id);
@@ -75,6 +84,8 @@ struct WorkerCore {
  private:
   std::mutex aborted_mu_;
   std::unordered_set<RequestId> aborted_;
+  std::mutex senders_mu_;
+  std::unordered_map<RequestId, std::weak_ptr<KvSender>> senders_;
   std::mutex peers_mu_;
   std::unordered_map<std::string, uint64_t> peers_;
 };
@@ -123,6 +134,9 @@ class WorkerRpcs final : public WorkerServiceBase {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
                                     const v1::ReleaseRequest* req,
                                     v1::ReleaseResponse* out) override;
+  grpc::ServerUnaryReactor* RenewLease(grpc::CallbackServerContext* ctx,
+                                       const v1::RenewLeaseRequest* req,
+                                       v1::RenewLeaseResponse* out) override;
   grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* ctx,
                                     const v1::PrefillRequest* req,
                                     v1::PrefillResponse* out) override;

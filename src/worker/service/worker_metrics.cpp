@@ -86,6 +86,9 @@ Status WorkerMetrics::init() {
   CLEAVE_RETURN_IF_ERROR(counter("cleave:kv_leases_expired_total",
                                  "Reservations whose lease ended before their KV arrived.",
                                  &leases_expired_.counter));
+  CLEAVE_RETURN_IF_ERROR(counter("cleave:kv_leases_renewed_total",
+                                 "Reservation leases renewed while their prefill waited or ran.",
+                                 &leases_renewed_.counter));
   CLEAVE_RETURN_IF_ERROR(counter("cleave:kv_reservations_released_total",
                                  "Reservations given back unused (Release or Abort).",
                                  &released_.counter));
@@ -169,6 +172,7 @@ std::string WorkerMetrics::render(const EngineStats& s, int64_t reservations_wai
     preemptions_.advance(s.scheduler.preemptions);
     prefix_hits_.advance(s.scheduler.prompt_tokens_cached);
     leases_expired_.advance(s.leases_expired);
+    leases_renewed_.advance(s.leases_renewed);
     released_.advance(s.reservations_released);
   }
   return registry_.render();

@@ -66,7 +66,8 @@ class WorkerMetrics {
     void advance(uint64_t now);
   };
   std::mutex scrape_mu_;
-  EngineCounter finished_, failed_, cancelled_, generated_, leases_expired_, released_,
+  EngineCounter finished_, failed_, cancelled_, generated_, leases_expired_, leases_renewed_,
+      released_,
       preemptions_, prefix_hits_;
 };
 

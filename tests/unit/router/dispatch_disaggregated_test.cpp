@@ -213,6 +213,56 @@ TEST_F(DispatchDisaggregatedTest, ALeaseThatEndsBeforeThePrefillWroteBlamesNoWor
   expect_blocks_back(*decode.client, "decode");
 }
 
+// Prefills that wait in their worker's queue (and compute) longer than the lease keep their
+// reservations: the router renews the lease on the decode worker, then the write bound on the
+// prefill worker, while each Prefill runs. Every request completes with the text it gets alone,
+// no lease expires, and every block comes back.
+TEST_F(DispatchDisaggregatedTest, QueuedPrefillsLongerThanTheLeaseKeepTheirReservations) {
+  std::string why;
+  WorkerConfig dc = worker_config("decode", slow_model_path());
+  dc.engine.kv_blocks = 512;  // room for the four reservations at once
+  TestWorker decode = start_worker(dc, &why);
+  if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+  TestWorker prefill = start_worker(worker_config("prefill", slow_model_path()));
+  ASSERT_TRUE(prefill.server);
+  DispatcherOptions o = disaggregated({prefill.address}, {decode.address});
+  metrics::MetricsRegistry registry;
+  o.metrics = &registry;
+  o.lease = 300ms;  // renewed every 100 ms; 6 watch periods of 50 ms at least
+  auto d = make_dispatcher(o);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->wait_ready(10s));
+  std::mt19937 rng(11);
+  std::vector<std::vector<int32_t>> ps;
+  for (int i = 0; i < 4; ++i) ps.push_back(testing_engine::random_prompt(rng, *ref_->tok, 512, 900));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Submitted> runs;
+  for (const auto& p : ps) runs.push_back(submit(**d, p, greedy(4)));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_TRUE(runs[i].observer->wait_end(60s)) << "request " << i << " hangs";
+    ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  // The last prefill waited behind three others: far past the 300 ms lease.
+  ASSERT_GT(took, 2 * o.lease) << "the prefills were too quick to test renewal";
+  const auto load = decode.client->load();
+  ASSERT_TRUE(load.ok());
+  EXPECT_GE(load->leases_renewed(), 1u);
+  EXPECT_EQ(load->leases_expired(), 0u);
+  const std::string text = registry.render();
+  EXPECT_NE(text.find("cleave:router_lease_renewals_total{outcome=\"renewed\"}"),
+            std::string::npos) << text;
+  // Each alone (one at a time) gives the same tokens.
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Submitted alone = submit(**d, ps[i], greedy(4));
+    ASSERT_TRUE(alone.observer->wait_end(60s)) << i;
+    ASSERT_TRUE(alone.observer->finished()) << alone.observer->error().to_string();
+    EXPECT_EQ(runs[i].observer->tokens(), alone.observer->tokens()) << "prompt " << i;
+  }
+  expect_blocks_back(*prefill.client, "prefill");
+  expect_blocks_back(*decode.client, "decode");
+}
+
 TEST_F(DispatchDisaggregatedTest, CancelDuringDecodeFreesBlocksOnBothWorkers) {
   std::string why;
   TestWorker decode = start_worker(worker_config("decode", slow_model_path()), &why);

@@ -151,6 +151,38 @@ TEST(BlockLedgerTest, OneLeaseClockExpiresInDeadlineOrderAndSparesWhatIsBeingCon
   EXPECT_FALSE(ledger.release_reservation(1));  // ended already
 }
 
+TEST(BlockLedgerTest, ARenewedLeaseRunsAgainFromNowAndNeverShortens) {
+  auto pool = make_pool(8);
+  FakeClock clock;
+  BlockLedger ledger(*pool, opts(64), clock.fn());
+  FenceLog log;
+  const Clock::time_point t0 = clock.t;
+  ASSERT_TRUE(ledger.reserve(1, 4, 100ms, log.fence(1, *pool)).ok());
+  ASSERT_TRUE(ledger.reserve(2, 4, 500ms, log.fence(2, *pool)).ok());
+
+  // Renewed at 90 ms for 100 ms: due at 190 ms, not at 100 ms.
+  clock.t = t0 + 90ms;
+  EXPECT_TRUE(ledger.renew_lease(1, 100ms));
+  EXPECT_EQ(*ledger.next_deadline(), t0 + 190ms);
+  clock.t = t0 + 150ms;
+  EXPECT_TRUE(ledger.expire_leases().empty());
+  // A renewal shorter than what is left keeps the later deadline.
+  EXPECT_TRUE(ledger.renew_lease(2, 10ms));
+  clock.t = t0 + 400ms;
+  EXPECT_EQ(ledger.expire_leases(), (std::vector<SequenceId>{1}));
+  EXPECT_EQ(ledger.num_reservations(), 1);
+
+  // Nothing to renew once it has ended (expired, released, consumed), or for a lease under 1 ms.
+  EXPECT_FALSE(ledger.renew_lease(1, 100ms));
+  EXPECT_FALSE(ledger.renew_lease(2, 0ms));
+  EXPECT_FALSE(ledger.renew_lease(9, 100ms));
+  EXPECT_EQ(ledger.counters().leases_renewed, 2u);
+  EXPECT_EQ(ledger.counters().leases_expired, 1u);
+  clock.t = t0 + 500ms;
+  EXPECT_EQ(ledger.expire_leases(), (std::vector<SequenceId>{2}));
+  EXPECT_EQ(pool->used_blocks(), 0);
+}
+
 TEST(BlockLedgerTest, FenceRunsOnceBeforeTheBlocksCanBeReusedOnEveryEnd) {
   auto pool = make_pool(16);
   FakeClock clock;

@@ -308,6 +308,29 @@ TEST_F(HandoffLoopTest, ReservationLeaseExpiresAndReleases) {
   EXPECT_EQ(dec->stats().reservations_released, 1u);
 }
 
+// renew_reservation(): the lease runs again from the renewal; an ended reservation is not
+// renewed.
+TEST_F(HandoffLoopTest, ARenewedReservationOutlivesItsFirstLease) {
+  auto dec = m_.engine(options(16, 64));
+  ASSERT_TRUE(dec);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(dec->reserve(1, 40, 150ms).ok());
+  std::this_thread::sleep_until(t0 + 100ms);
+  EXPECT_TRUE(dec->renew_reservation(1, 400ms));
+  EXPECT_FALSE(dec->renew_reservation(2, 400ms)) << "no such reservation";
+  EXPECT_FALSE(dec->renew_reservation(1, 0ms));
+  std::this_thread::sleep_until(t0 + 350ms);  // past the first lease, within the renewed one
+  EXPECT_EQ(dec->stats().leases_expired, 0u);
+  EXPECT_EQ(dec->stats().reservations, 1);
+  EXPECT_EQ(dec->stats().leases_renewed, 1u);
+  while (dec->stats().leases_expired == 0 && std::chrono::steady_clock::now() - t0 < 5s)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(dec->stats().leases_expired, 1u);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 500ms);
+  EXPECT_FALSE(dec->renew_reservation(1, 400ms)) << "an expired reservation came back";
+  expect_all_blocks_back(*dec);
+}
+
 TEST_F(HandoffLoopTest, PinnedUntilReleasedAndFailingSinkEndsPrefill) {
   auto pre = m_.engine(options(64, 16));
   auto dec = m_.engine(options(64, 64));

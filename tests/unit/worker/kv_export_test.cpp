@@ -775,6 +775,51 @@ TEST_P(KvSenderTest, NothingIsPostedAfterTheLeaseEndsAndNoNoticeGoesOut) {
   EXPECT_TRUE(s.drain(1s));
 }
 
+// A renewed lease (RenewLease, after the decode worker renewed its reservation) moves the
+// bound: the chunk after the first lease's end goes out and the handoff completes. A bound that
+// has passed is not brought back, and without a lease there is nothing to renew.
+TEST_P(KvSenderTest, ARenewedLeaseMovesTheWriteBound) {
+  Side src = make_side(12), dst = make_side(40);
+  ASSERT_TRUE(src.engine && dst.engine);
+  fill(*src.pool, 0.5f);
+  auto peer = src.engine->connect(dst.engine->address());
+  ASSERT_TRUE(peer.ok());
+  const std::vector<BlockId> sb = {0, 1, 2, 3, 4, 5, 6}, db = {10, 11, 12, 13, 14, 15, 16};
+  KvDestination dest = destination(dst, db);
+  dest.lease = 300ms;
+  auto sender = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(), kFingerprint,
+                                 dest, kPrompt);
+  ASSERT_TRUE(sender.ok()) << sender.status().to_string();
+  KvSender& s = **sender;
+  const auto created = Clock::now();
+  for (int64_t layer = 0; layer < 4; ++layer) ASSERT_TRUE(s.on_layer_ready(layer, 0, 48, sb, false));
+  std::this_thread::sleep_until(created + 200ms);
+  ASSERT_TRUE(s.renew_lease(300ms));
+  ASSERT_TRUE(s.renew_lease(10ms)) << "a shorter renewal keeps the later bound";
+  std::this_thread::sleep_until(created + 330ms);  // past the first lease's end
+  for (int64_t layer = 0; layer < 4; ++layer) {
+    ASSERT_TRUE(s.on_layer_ready(layer, 48, kPrompt, sb, true)) << "layer " << layer;
+  }
+  Status st = s.finish(5s);
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_TRUE(dst.engine->wait_notice(5s).ok());
+
+  // Once the bound has passed, a renewal comes too late.
+  dest.lease = 50ms;
+  auto late = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(), kFingerprint,
+                               dest, kPrompt);
+  ASSERT_TRUE(late.ok());
+  std::this_thread::sleep_for(60ms);
+  EXPECT_FALSE((*late)->renew_lease(300ms));
+  EXPECT_FALSE((*late)->on_layer_ready(0, 0, 48, sb, false));
+  EXPECT_TRUE((*late)->drain(1s));
+  dest.lease = 0ms;
+  auto none = KvSender::create(*src.engine, *peer, src.region, src.pool->layout(), kFingerprint,
+                               dest, kPrompt);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE((*none)->renew_lease(300ms));
+}
+
 // No lease given (0): no bound, the handoff completes however long it takes.
 TEST_P(KvSenderTest, WithoutALeaseTheSenderSetsNoBound) {
   Side src = make_side(12), dst = make_side(40);
