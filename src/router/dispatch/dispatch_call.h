@@ -33,6 +33,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -158,6 +159,11 @@ class DispatchCall final : public DispatchHandle,
   // watchdog's resolution (under 6 watch periods) is not renewed.
   void renew_lease_if_due(std::chrono::steady_clock::time_point now);
   void renew_on_prefill(std::chrono::steady_clock::time_point asked, int attempt);
+  // One RenewLease; `then` gets whether it renewed (a failure is logged, naming `not_found`
+  // when the worker had nothing under the id).
+  void send_renewal(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id,
+                    std::chrono::milliseconds lease, const char* not_found,
+                    std::function<void(bool)> then);
   void renewal_done(bool renewed);
   // first_token < 0: an early Decode (its first token comes in the notice), gated.
   void start_decode(int32_t first_token);

@@ -242,22 +242,33 @@ void DispatchCall::renew_lease_if_due(Clock::time_point now) {
     attempt = attempt_.load();
   }
   // The decode worker first: the prefill's bound must never pass the decode worker's.
+  auto self = shared_from_this();
+  send_renewal(decode, id, lease, "no such reservation (used, released or expired)",
+               [self, now, attempt](bool renewed) {
+                 if (renewed) {
+                   self->renew_on_prefill(now, attempt);
+                 } else {
+                   self->renewal_done(false);
+                 }
+               });
+}
+
+void DispatchCall::send_renewal(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id,
+                                std::chrono::milliseconds lease, const char* not_found,
+                                std::function<void(bool)> then) {
   auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(
       core_->options.timeouts.cleanup);
   op->request.set_request_id(id);
   op->request.set_lease_ms(lease.count());
-  auto self = shared_from_this();
-  decode->stub->async()->RenewLease(
-      &op->ctx, &op->request, &op->response, [self, op, decode, now, attempt](grpc::Status s) {
-        if (!s.ok() || !op->response.renewed()) {
-          log::info("dispatch: worker {}: the lease of request {} was not renewed: {}",
-                    decode->address, op->request.request_id(),
-                    s.ok() ? "no such reservation (used, released or expired)"
-                           : s.error_message());
-          self->renewal_done(false);
-          return;
+  worker->stub->async()->RenewLease(
+      &op->ctx, &op->request, &op->response,
+      [op, worker, not_found, then = std::move(then)](grpc::Status s) {
+        const bool renewed = s.ok() && op->response.renewed();
+        if (!renewed) {
+          log::info("dispatch: worker {}: RenewLease of request {}: {}", worker->address,
+                    op->request.request_id(), s.ok() ? not_found : s.error_message());
         }
-        self->renew_on_prefill(now, attempt);
+        then(renewed);
       });
 }
 
@@ -280,22 +291,9 @@ void DispatchCall::renew_on_prefill(Clock::time_point asked, int attempt) {
     renewal_done(false);
     return;
   }
-  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(
-      core_->options.timeouts.cleanup);
-  op->request.set_request_id(id);
-  op->request.set_lease_ms(left.count());
   auto self = shared_from_this();
-  prefill->stub->async()->RenewLease(
-      &op->ctx, &op->request, &op->response, [self, op, prefill](grpc::Status s) {
-        const bool renewed = s.ok() && op->response.renewed();
-        if (!renewed) {
-          log::debug("dispatch: worker {}: the write bound of request {} was not renewed: {}",
-                     prefill->address, op->request.request_id(),
-                     s.ok() ? "no such prefill (ended, or its writes stopped)"
-                            : s.error_message());
-        }
-        self->renewal_done(renewed);
-      });
+  send_renewal(prefill, id, left, "no such prefill (ended, or its writes stopped)",
+               [self](bool renewed) { self->renewal_done(renewed); });
 }
 
 void DispatchCall::renewal_done(bool renewed) {
