@@ -89,13 +89,13 @@ bool EngineLoop::release_reservation(RequestId id) {
 
 bool EngineLoop::renew_reservation(RequestId id, std::chrono::milliseconds lease) {
   if (lease.count() < 1) return false;
-  const auto until = std::chrono::steady_clock::now() + lease;
   std::lock_guard<std::mutex> lk(mu_);
   // An expiry erases the id under this lock when it decides (expire_leases): once renewed here,
-  // the reservation is spared until the renewal is applied.
+  // the reservation is spared until the renewal is applied. Applied later, the lease runs from
+  // then: never shorter than asked.
   if (reserved_ids_.count(id) == 0) return false;
-  auto [it, added] = lease_renewals_.emplace(id, until);
-  if (!added) it->second = std::max(it->second, until);
+  auto [it, added] = lease_renewals_.emplace(id, lease);
+  if (!added) it->second = std::max(it->second, lease);
   return true;
 }
 
@@ -120,7 +120,6 @@ void EngineLoop::run_control_ops() {
     reserves.swap(reserves_);
     stopping = stopping_;
   }
-  apply_lease_renewals();
   for (RequestId id : pin_releases) release_pinned_now(id);
   // Releases before reserves: a release queued before a new reserve of the same id ends the
   // old reservation, never the new one.
@@ -181,19 +180,13 @@ void EngineLoop::release_reservation_now(RequestId id) {
 }
 
 void EngineLoop::apply_lease_renewals() {
-  std::unordered_map<RequestId, std::chrono::steady_clock::time_point> renewals;
+  std::unordered_map<RequestId, std::chrono::milliseconds> renewals;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (lease_renewals_.empty()) return;
     renewals.swap(lease_renewals_);
   }
-  const auto now = ledger_.now();
-  for (const auto& [id, until] : renewals) {
-    // At least 1 ms: a renewal asked for is never an expiry.
-    const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(until - now),
-                               std::chrono::milliseconds(1));
-    (void)ledger_.renew_lease(id, left);
-  }
+  for (const auto& [id, lease] : renewals) (void)ledger_.renew_lease(id, lease);
 }
 
 void EngineLoop::expire_leases() {

@@ -41,11 +41,11 @@
 // queued change, never spinning.
 //
 // Thread-safety: submit(), cancel(), reserve(), reserve_async(), release_reservation(),
-// renew_reservation(), release_pinned(), stats(), wait_idle() and shutdown() may be called from any thread. Callbacks
-// run one at a time under the engine's state lock (on the engine thread, or for reservations on
-// the thread of reserve_async()): they may call submit(), cancel(), reserve_async(),
-// release_reservation() and release_pinned(), and should return quickly (they hold up every
-// request).
+// renew_reservation(), release_pinned(), stats(), wait_idle() and shutdown() may be called from
+// any thread. Callbacks run one at a time under the engine's state lock (on the engine thread, or
+// for reservations on the thread of reserve_async()): they may call submit(), cancel(),
+// reserve_async(), release_reservation() and release_pinned(), and should return quickly (they
+// hold up every request).
 #pragma once
 
 #include <chrono>
@@ -285,7 +285,7 @@ class EngineLoop {
   void release_reservation_now(RequestId id);
   void release_pinned_now(RequestId id);
   void expire_leases();
-  // The renewals asked for since the last call go to the ledger.
+  // The renewals asked for since the last call go to the ledger (before expiring leases).
   void apply_lease_renewals();
   void admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestState> r);
   void admit_pending_prefilled();
@@ -337,8 +337,8 @@ class EngineLoop {
   std::vector<std::shared_ptr<ReserveOp>> reserves_;
   std::vector<RequestId> reservation_releases_;
   std::vector<RequestId> pin_releases_;
-  // Renewals asked for and not yet applied to the ledger: (id, lease from when asked).
-  std::unordered_map<RequestId, std::chrono::steady_clock::time_point> lease_renewals_;
+  // Renewals asked for and not yet applied to the ledger (expire_leases applies them).
+  std::unordered_map<RequestId, std::chrono::milliseconds> lease_renewals_;
   // Asked for, made, and not consumed or ended, with the ReserveOp that asked: a release that
   // races a new reserve of the same id cancels only the old one.
   std::unordered_map<RequestId, uint64_t> reserved_ids_;

@@ -26,7 +26,6 @@ class DispatcherImpl final : public Dispatcher {
   explicit DispatcherImpl(const DispatcherOptions& options)
       : core_(std::make_shared<DispatchCore>(options)),
         discovery_(std::make_unique<WorkerDiscovery>(options, core_->pools)) {
-    watch_period_ = core_->watch_period;
     discovery_->start();
     watch_ = std::thread([this] { watch_loop(); });
   }
@@ -105,7 +104,7 @@ class DispatcherImpl final : public Dispatcher {
     set_thread_name("dispatch-watch");
     std::vector<std::shared_ptr<DispatchCall>> calls;  // reused: no allocation per round
     std::unique_lock<std::mutex> lock(watch_mu_);
-    while (!watch_cv_.wait_for(lock, watch_period_, [&] { return watch_stop_; })) {
+    while (!watch_cv_.wait_for(lock, core_->watch_period, [&] { return watch_stop_; })) {
       lock.unlock();
       core_->calls_in_flight(calls);
       const auto now = std::chrono::steady_clock::now();
@@ -118,7 +117,6 @@ class DispatcherImpl final : public Dispatcher {
 
   std::shared_ptr<DispatchCore> core_;
   std::unique_ptr<WorkerDiscovery> discovery_;
-  std::chrono::milliseconds watch_period_{20};
   std::thread watch_;
   std::mutex watch_mu_;
   std::condition_variable watch_cv_;
