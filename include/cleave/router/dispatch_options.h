@@ -60,7 +60,8 @@ struct DispatchTimeouts {
   std::chrono::milliseconds probe{1000};
   // Reserve on a decode worker.
   std::chrono::milliseconds reserve{5000};
-  // Prefill on a prefill worker (queueing, compute and the KV transfer of the whole prompt).
+  // Prefill on a prefill worker (queueing, compute and the KV transfer of the whole prompt),
+  // the wait at the router for room on a prefill worker (prefill_queue_tokens) included.
   std::chrono::milliseconds prefill{120000};
   // Unified: from the start of Generate to its first event (queueing and prefill included).
   std::chrono::milliseconds first_token{120000};
@@ -93,6 +94,13 @@ struct DispatcherOptions {
   // Disaggregated: the Decode stream opens right after Reserve, beside the Prefill (its first
   // token comes in the KV's notice; dispatch_call.h); false: after the Prefill's answer.
   bool early_decode = true;
+  // Disaggregated: the prompt tokens of this router's prefills in flight (from Reserve to the
+  // Prefill's answer) one prefill worker may have. A request that would exceed it on every
+  // prefill worker that could take it waits at the router, in arrival order, before its
+  // Reserve, so that decode blocks are not reserved for prefills that only queue; a worker
+  // with none in flight always takes one. The wait counts against timeouts.prefill; when that
+  // passes the request fails RESOURCE_EXHAUSTED. 0: no limit (Reserve at once).
+  int64_t prefill_queue_tokens = 8192;
   DispatchTimeouts timeouts;
   // Lease of a decode reservation (0: the worker's default).
   std::chrono::milliseconds lease{0};
@@ -109,8 +117,9 @@ struct DispatcherOptions {
 
   // When set (not owned; must outlive the dispatcher), the dispatcher registers and updates
   // cleave:kv_transfer_bytes_total, cleave:kv_handoff_tail_seconds (from the prefill workers'
-  // answers), cleave:router_dispatch_retries_total, cleave:migrations_total{outcome} and
-  // cleave:router_worker_failures_total.
+  // answers), cleave:router_dispatch_retries_total, cleave:migrations_total{outcome},
+  // cleave:router_lease_renewals_total{outcome}, cleave:router_prefill_queue_requests,
+  // cleave:router_prefill_queue_seconds and cleave:router_worker_failures_total.
   metrics::MetricsRegistry* metrics = nullptr;
 };
 

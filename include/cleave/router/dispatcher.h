@@ -24,6 +24,10 @@
 // finished event's usage counts the whole request. When no migration is left or no worker can
 // take it, the observer hears on_error with started = true. Requests beyond the queue limit are
 // refused with ResourceExhausted (HTTP 429); no ready worker: Unavailable (HTTP 503).
+// Disaggregated, a request waits at the router (in arrival order, within timeouts.prefill)
+// while no prefill worker has room for its prompt (prefill_queue_tokens) or its decode worker
+// refused the Reserve for blocks that are only held; a wait that runs out ends
+// ResourceExhausted.
 //
 // Threading: submit() never blocks on I/O. The RPCs run on gRPC's callback API (no thread is
 // held per request); RequestObserver callbacks run on gRPC threads, one at a time per request,

@@ -81,6 +81,7 @@ Result<DispatcherOptions> dispatcher_options_from_config(const RouterSettings& r
   o.timeouts.probe = std::chrono::milliseconds(r.health_timeout_ms);
   o.probe_failures = static_cast<int>(r.health_failures);
   o.queue_limit = r.max_queue;
+  o.prefill_queue_tokens = r.prefill_queue_tokens;
   o.max_migrations = static_cast<int>(r.max_migrations);
   o.early_decode = r.early_decode;
   const std::chrono::milliseconds first_token(r.request_timeout_ms);

@@ -23,6 +23,12 @@ void register_router_settings(RouterSettings& rs, SettingsRegistry& r) {
   r.add_int("router.max_queue", &rs.max_queue,
             "Requests admitted and not yet finished; beyond it requests get HTTP 429.", 1,
             1 << 24, "--max-queue");
+  r.add_int("router.prefill_queue_tokens", &rs.prefill_queue_tokens,
+            "Disaggregated: prompt tokens of this router's prefills in flight one prefill worker "
+            "may have; further requests wait at the router, in arrival order and within "
+            "router.request_timeout_ms, before they reserve decode KV (a worker with none in "
+            "flight always takes one); 0: no limit.",
+            0, int64_t{1} << 40);
   r.add_int("router.request_timeout_ms", &rs.request_timeout_ms,
             "Longest a request waits for its first token (queueing, prefill, KV transfer).", 1,
             86400000);

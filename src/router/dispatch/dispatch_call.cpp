@@ -87,6 +87,19 @@ DispatchCore::DispatchCore(const DispatcherOptions& opts)
     lease_renewed = &f->with({"renewed"});
     lease_renewal_lost = &f->with({"lost"});
   }
+  if (auto f = r.gauge("cleave:router_prefill_queue_requests",
+                       "Requests waiting at the router for room on a prefill worker "
+                       "(router.prefill_queue_tokens) before their Reserve");
+      f.ok()) {
+    prefill_queue_requests = &f->get();
+  }
+  if (auto f = r.histogram("cleave:router_prefill_queue_seconds",
+                           "Seconds requests waited at the router for room on a prefill worker "
+                           "(only requests that waited)",
+                           metrics::latency_buckets_seconds());
+      f.ok()) {
+    prefill_queue_seconds = &f->get();
+  }
   if (auto f = r.counter("cleave:router_worker_failures_total",
                          "RPCs to workers that failed UNAVAILABLE (the worker left its pool)");
       f.ok()) {
@@ -116,6 +129,65 @@ bool DispatchCore::wait_no_calls(std::chrono::milliseconds timeout) {
   return calls_cv_.wait_for(lock, timeout, [&] { return calls_.empty(); });
 }
 
+void DispatchCore::enqueue(std::shared_ptr<DispatchCall> call) {
+  std::lock_guard<std::mutex> lock(waiting_mu_);
+  waiting_.push_back(std::move(call));
+  waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
+  if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+}
+
+bool DispatchCore::take_waiting(const DispatchCall* call) {
+  std::lock_guard<std::mutex> lock(waiting_mu_);
+  auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const auto& c) { return c.get() == call; });
+  if (it == waiting_.end()) return false;
+  waiting_.erase(it);
+  waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
+  if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+  return true;
+}
+
+void DispatchCore::admit_waiting() {
+  while (has_waiting() && !stopping.load(std::memory_order_acquire)) {
+    if (admitting_.exchange(true, std::memory_order_acq_rel)) {
+      admit_again_.store(true, std::memory_order_release);  // the thread inside looks again
+      return;
+    }
+    do {
+      admit_again_.store(false, std::memory_order_release);
+      admit_round();
+    } while (admit_again_.load(std::memory_order_acquire));
+    admitting_.store(false, std::memory_order_release);
+    // A call that came between the last look and the store above found admitting_ set.
+    if (!admit_again_.load(std::memory_order_acquire)) return;
+  }
+}
+
+void DispatchCore::admit_round() {
+  struct Admitted {
+    std::shared_ptr<DispatchCall> call;
+    Result<Assignment> workers;
+  };
+  std::vector<Admitted> go;
+  {
+    std::lock_guard<std::mutex> lock(waiting_mu_);
+    const auto now = std::chrono::steady_clock::now();
+    while (!waiting_.empty() && waiting_.front()->due(now)) {
+      bool busy = false;
+      Result<Assignment> workers = waiting_.front()->choose_workers(&busy);
+      if (busy) break;  // strict order: the head waits, and so does everyone behind it
+      // Held now, so that the next one's choice sees this one's tokens.
+      if (workers.ok()) waiting_.front()->hold(workers->prefill);
+      go.push_back(Admitted{std::move(waiting_.front()), std::move(workers)});
+      waiting_.pop_front();
+    }
+    waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
+    if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+  }
+  // Outside the lock: an attempt's start may run completions (and enqueue) on this thread.
+  for (Admitted& a : go) a.call->leave_queue(std::move(a.workers));
+}
+
 DispatchCall::DispatchCall(std::shared_ptr<DispatchCore> core, DispatchRequest request,
                            std::shared_ptr<RequestObserver> observer)
     : core_(std::move(core)),
@@ -128,6 +200,115 @@ DispatchCall::DispatchCall(std::shared_ptr<DispatchCore> core, DispatchRequest r
 DispatchCall::~DispatchCall() = default;
 
 void DispatchCall::start(Assignment workers) { begin_attempt(std::move(workers)); }
+
+void DispatchCall::start_queued() { wait_for_room(); }
+
+Result<Assignment> DispatchCall::choose_workers(bool* busy) {
+  std::vector<uint64_t> excluded;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    excluded = excluded_;
+  }
+  // A migration's prefill computes its resume tokens too (begin_attempt: resume_).
+  const auto tokens = static_cast<int64_t>(prompt_.size() + delivered_tokens_.size());
+  return core_->pools.choose(prompt_, excluded, tokens, busy);
+}
+
+void DispatchCall::wait_for_room() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto left = core_->options.timeouts.prefill - queue_waited_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stage_ = Stage::kQueued;
+    active_.reset();
+    queued_at_ = now;
+    watch_deadline_ns_.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>((now + left).time_since_epoch())
+            .count(),
+        std::memory_order_relaxed);
+  }
+  core_->enqueue(shared_from_this());
+  // A cancel() that came before the call was in the queue did not find it there.
+  if (cancelled() && core_->take_waiting(this)) {
+    end();
+    return;
+  }
+  core_->admit_waiting();  // room may have come before the call was in the queue
+}
+
+void DispatchCall::leave_queue(Result<Assignment> workers) {
+  std::chrono::steady_clock::duration waited;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    waited = std::chrono::steady_clock::now() - queued_at_;
+    watch_deadline_ns_.store(0, std::memory_order_relaxed);
+  }
+  queue_waited_ += std::chrono::duration_cast<std::chrono::milliseconds>(waited);
+  if (core_->prefill_queue_seconds) {
+    core_->prefill_queue_seconds->observe(std::chrono::duration<double>(waited).count());
+  }
+  if (workers.ok() && queue_waited_ >= core_->options.timeouts.prefill) {
+    // Admitted as its deadline passed (before the watchdog saw it): no time left to prefill.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      workers_ = *workers;  // so that end() gives back the tokens admit_round held
+    }
+    workers = room_timeout(queue_waited_);
+  }
+  if (!workers.ok()) {
+    if (started_.load(std::memory_order_acquire) && core_->migrations_refused) {
+      core_->migrations_refused->inc();
+    }
+    fail(workers.status());
+    return;
+  }
+  begin_attempt(std::move(*workers));
+}
+
+void DispatchCall::wait_for_decode_room(Status why) {
+  unhold_all();
+  if (cancelled()) {
+    end();
+    return;
+  }
+  const auto backoff = std::chrono::milliseconds(50 << std::min(decode_waits_, 4));
+  ++decode_waits_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    decode_refusal_ = why.message();
+  }
+  not_before_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           (std::chrono::steady_clock::now() +
+                            std::min<std::chrono::milliseconds>(backoff, std::chrono::seconds(1)))
+                               .time_since_epoch())
+                           .count(),
+                       std::memory_order_relaxed);
+  if (decode_waits_ == 1) {
+    log::debug("dispatch: request attempt {} waits for decode room ({})", attempt_.load(),
+               why.to_string());
+  }
+  wait_for_room();
+}
+
+Status DispatchCall::room_timeout(std::chrono::steady_clock::duration waited) {
+  std::string refusal;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusal = decode_refusal_;
+  }
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(waited).count();
+  if (!refusal.empty()) {
+    return ResourceExhausted(fmt::format(
+        "no decode worker had room for the request's KV within {} ms (the last refusal: {})", ms,
+        refusal));
+  }
+  return ResourceExhausted(fmt::format(
+      "no prefill worker had room for the request's {} prompt tokens within {} ms "
+      "(router.prefill_queue_tokens: {} tokens of this router's prefills in flight per worker; "
+      "{} more requests waiting)",
+      prompt_.size() + delivered_tokens_.size(), ms, core_->options.prefill_queue_tokens,
+      core_->waiting()));
+}
 
 void DispatchCall::begin_attempt(Assignment workers) {
   {
@@ -163,7 +344,23 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
     excluded_.push_back(worker->key);
   }
   const bool started = started_.load(std::memory_order_acquire);
-  Result<Assignment> next = next_attempt(error);
+  bool busy = false;
+  Result<Assignment> next = next_attempt(error, &busy);
+  if (busy) {
+    // The retry (or migration) waits for room on a prefill worker like a new request.
+    if (started) {
+      ++migrations_;
+      if (core_->migrations_resumed) core_->migrations_resumed->inc();
+    } else if (core_->retries) {
+      core_->retries->inc();
+    }
+    log::info("dispatch: request attempt {} failed {} ({}); its next attempt waits for room on "
+              "a prefill worker",
+              attempt_.load(), started ? "after its first token" : "before its first token",
+              error.to_string());
+    wait_for_room();
+    return;
+  }
   if (!next.ok()) {
     if (started && core_->migrations_refused) core_->migrations_refused->inc();
     fail(next.status());
@@ -187,21 +384,21 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
   begin_attempt(std::move(*next));
 }
 
-Result<Assignment> DispatchCall::next_attempt(const Status& error) {
+Result<Assignment> DispatchCall::next_attempt(const Status& error, bool* busy) {
   const bool started = started_.load(std::memory_order_acquire);
   std::string why;  // a started stream's error says why it was not migrated
   if (!retryable(error.code())) {
     why = "another worker would answer the same";
   } else if (core_->stopping.load()) {
     why = "the router is shutting down";
-  } else if (!started && attempt_ >= core_->options.max_attempts) {
+  } else if (!started && attempt_ - decode_waits_ >= core_->options.max_attempts) {
     return error;
   } else if (started && migrations_ >= core_->options.max_migrations) {
     why = fmt::format("{} migrations made, router.max_migrations is {}", migrations_,
                       core_->options.max_migrations);
   } else {
-    auto next = core_->pools.choose(prompt_, excluded_);
-    if (next.ok()) return next;
+    auto next = choose_workers(busy);
+    if (next.ok() || *busy) return next;
     return Status(error.code(), fmt::format("{} (not {}: {})", error.message(),
                                             started ? "migrated" : "retried",
                                             next.status().message()));
@@ -268,14 +465,24 @@ void DispatchCall::hold(const std::shared_ptr<WorkerEndpoint>& worker) {
   if (held_[i]) return;
   held_[i] = true;
   worker->inflight.fetch_add(1, std::memory_order_relaxed);
+  if (worker->role == PoolRole::kPrefill) {
+    held_prefill_tokens_ = static_cast<int64_t>(prompt_.size() + delivered_tokens_.size());
+    worker->prefill_tokens.fetch_add(held_prefill_tokens_, std::memory_order_relaxed);
+  }
 }
 
 void DispatchCall::unhold(const std::shared_ptr<WorkerEndpoint>& worker) {
   const int i = static_cast<int>(worker->role);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!held_[i]) return;
-  held_[i] = false;
-  worker->inflight.fetch_sub(1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!held_[i]) return;
+    held_[i] = false;
+    worker->inflight.fetch_sub(1, std::memory_order_relaxed);
+    if (worker->role != PoolRole::kPrefill) return;
+    worker->prefill_tokens.fetch_sub(held_prefill_tokens_, std::memory_order_relaxed);
+    held_prefill_tokens_ = 0;
+  }
+  core_->admit_waiting();  // that room may be a waiting request's
 }
 
 void DispatchCall::unhold_all() {
@@ -288,13 +495,22 @@ void DispatchCall::stop_in_flight() {
   std::shared_ptr<grpc::ClientContext> ctx, early;
   Assignment workers;
   uint64_t id = 0;
+  bool queued = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (ended_) return;
+    queued = stage_ == Stage::kQueued;
     ctx = active_;
     early = early_ctx_;  // an early Decode beside the Prefill in flight
     workers = workers_;
     id = id_;
+  }
+  if (queued) {
+    // Waiting for room: nothing is in flight on any worker (the last attempt's were told when
+    // it failed). Whoever takes the request out of the queue ends it; when the queue no longer
+    // has it, its attempt is starting and finds it cancelled.
+    if (core_->take_waiting(this)) end();
+    return;
   }
   // Outside the lock: gRPC may run the completion of the cancelled call right here.
   if (ctx) ctx->TryCancel();
@@ -376,26 +592,38 @@ void DispatchCall::check_deadline(std::chrono::steady_clock::time_point now) {
   const int64_t d = watch_deadline_ns_.load(std::memory_order_relaxed);
   if (d == 0 || now.time_since_epoch() < std::chrono::nanoseconds(d)) return;
   std::shared_ptr<grpc::ClientContext> ctx;
+  std::chrono::steady_clock::duration waited{};
+  const auto& t = core_->options.timeouts;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (watch_deadline_ns_.load(std::memory_order_relaxed) != d || !active_) return;
+    if (watch_deadline_ns_.load(std::memory_order_relaxed) != d) return;
+    if (stage_ != Stage::kQueued && !active_) return;
     watch_deadline_ns_.store(0, std::memory_order_relaxed);
-    const auto& t = core_->options.timeouts;
-    const std::string worker =
-        stage_ == Stage::kGenerate && workers_.unified ? workers_.unified->address
-        : workers_.decode                              ? workers_.decode->address
-                                                       : std::string("?");
-    if (stage_ == Stage::kGenerate && !attempt_streamed_.load(std::memory_order_relaxed)) {
-      timeout_reason_ = fmt::format("worker {}: Generate: no first token within {} ms", worker,
-                                    t.first_token.count());
+    if (stage_ == Stage::kQueued) {
+      waited = now - queued_at_ + queue_waited_;
     } else {
-      timeout_reason_ = fmt::format("worker {}: {}: no token for {} ms", worker,
-                                    stage_ == Stage::kGenerate ? "Generate" : "Decode",
-                                    t.stream_idle.count());
+      const std::string worker =
+          stage_ == Stage::kGenerate && workers_.unified ? workers_.unified->address
+          : workers_.decode                              ? workers_.decode->address
+                                                         : std::string("?");
+      if (stage_ == Stage::kGenerate && !attempt_streamed_.load(std::memory_order_relaxed)) {
+        timeout_reason_ = fmt::format("worker {}: Generate: no first token within {} ms",
+                                      worker, t.first_token.count());
+      } else {
+        timeout_reason_ = fmt::format("worker {}: {}: no token for {} ms", worker,
+                                      stage_ == Stage::kGenerate ? "Generate" : "Decode",
+                                      t.stream_idle.count());
+      }
+      ctx = active_;
     }
-    ctx = active_;
   }
-  ctx->TryCancel();
+  if (ctx) {
+    ctx->TryCancel();
+    return;
+  }
+  // Waited for room on a prefill worker as long as the Prefill's deadline allows.
+  if (!core_->take_waiting(this)) return;  // admitted meanwhile
+  fail(room_timeout(waited));
 }
 
 }  // namespace cleave::router

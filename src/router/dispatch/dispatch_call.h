@@ -15,6 +15,16 @@
 //                   answer has delivered the first token, then go out in order; the stream's
 //                   idle deadline starts then. A Prefill that fails or ends the request cancels
 //                   the stream; a stream of an earlier attempt is ignored when it ends.
+// Room on a prefill worker (DispatcherOptions::prefill_queue_tokens): an attempt whose request
+// no prefill worker has room for waits in the core's queue ("queued", in arrival order) before
+// its Reserve; a new request queues behind those already waiting. The queue is tried whenever
+// a prefill's tokens leave a worker and on every watchdog round; the head that still finds no
+// room stops the round (strict order: a long prompt is not passed by short ones for ever). The
+// wait is bounded by timeouts.prefill (then RESOURCE_EXHAUSTED) and the Prefill's own deadline
+// is what is left of it. A Reserve that the decode worker refuses for want of free blocks, when
+// the request fits its whole pool, waits in the same queue (its blocks are only held: by
+// running sequences and by reservations of prefills that run) and tries again after a backoff
+// (50 ms, doubling to 1 s) while it heads the queue, instead of failing with 429.
 // A prefill that fails or finishes the request releases the reservation. A failure before any
 // event went to the observer is retried on workers not tried yet (max_attempts in all); after
 // one, it is migrated (max_migrations in all): a new attempt on workers not tried yet whose
@@ -35,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -64,6 +75,17 @@ struct DispatchCore {
   // Waits until no call is in flight or `timeout` passes; true when none is.
   bool wait_no_calls(std::chrono::milliseconds timeout);
 
+  // ---- requests waiting for room on a prefill worker (prefill_queue_tokens) ----
+  void enqueue(std::shared_ptr<DispatchCall> call);
+  // Takes `call` out of the queue; false when it is not there (admitted meanwhile).
+  bool take_waiting(const DispatchCall* call);
+  bool has_waiting() const { return waiting_count_.load(std::memory_order_acquire) > 0; }
+  int64_t waiting() const { return waiting_count_.load(std::memory_order_acquire); }
+  // Starts, in order, the waiting requests that a prefill worker has room for now (outside
+  // every lock, on the caller's thread). A call while another thread (or this one, from a
+  // request it starts) is inside makes that one look again instead.
+  void admit_waiting();
+
   // The watchdog's resolution: fine enough for the shortest stream deadline.
   static std::chrono::milliseconds watch_period_for(const DispatcherOptions& options);
 
@@ -88,11 +110,21 @@ struct DispatchCore {
   metrics::Counter* migrations_refused = nullptr;
   metrics::Counter* lease_renewed = nullptr;
   metrics::Counter* lease_renewal_lost = nullptr;
+  metrics::Gauge* prefill_queue_requests = nullptr;
+  metrics::Histogram* prefill_queue_seconds = nullptr;
 
  private:
+  // One pass over the queue; false when nothing was admitted.
+  void admit_round();
+
   std::mutex calls_mu_;
   std::condition_variable calls_cv_;
   std::unordered_set<std::shared_ptr<DispatchCall>> calls_;
+  std::mutex waiting_mu_;  // before a call's mu_ and the pools' mutex, never after
+  std::deque<std::shared_ptr<DispatchCall>> waiting_;
+  std::atomic<int64_t> waiting_count_{0};
+  std::atomic<bool> admitting_{false};
+  std::atomic<bool> admit_again_{false};
 };
 
 class TokenStream;
@@ -106,6 +138,8 @@ class DispatchCall final : public DispatchHandle,
 
   // Runs the first attempt on `workers` (the caller registered the call with the core).
   void start(Assignment workers);
+  // The first attempt waits for room on a prefill worker (the caller registered the call).
+  void start_queued();
   void cancel() override;
   // The dispatcher shuts down: the observer hears on_error(`why`) and the request is cancelled.
   void abandon(const Status& why);
@@ -115,15 +149,32 @@ class DispatchCall final : public DispatchHandle,
 
  private:
   friend class TokenStream;
-  enum class Stage : uint8_t { kIdle, kReserve, kPrefill, kDecode, kGenerate };
+  friend struct DispatchCore;
+  enum class Stage : uint8_t { kIdle, kQueued, kReserve, kPrefill, kDecode, kGenerate };
 
   // ---- attempts (dispatch_call.cpp) ----
   void begin_attempt(Assignment workers);
   // The attempt failed at `worker`: a retry before the first token, a migration after it, or
   // the end of the request.
   void attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker, Status error);
-  // The next attempt's workers, or why there is none (the error to end with).
-  Result<Assignment> next_attempt(const Status& error);
+  // The next attempt's workers, or why there is none (the error to end with); *busy when it
+  // only lacks room on a prefill worker.
+  Result<Assignment> next_attempt(const Status& error, bool* busy);
+  // The next attempt's workers as the pools see them now (the queue's test).
+  Result<Assignment> choose_workers(bool* busy);
+  // Into the core's queue until a prefill worker has room (or the wait's deadline passes).
+  void wait_for_room();
+  // Out of the queue: the attempt begins on `workers` (their prefill tokens already held), or
+  // the request fails with why there are none.
+  void leave_queue(Result<Assignment> workers);
+  // The decode worker refused the Reserve for want of free blocks (`why`): wait and try again.
+  void wait_for_decode_room(Status why);
+  // Whether a waiting request may be tried now (its backoff has passed).
+  bool due(std::chrono::steady_clock::time_point now) const {
+    return now.time_since_epoch().count() >= not_before_ns_.load(std::memory_order_relaxed);
+  }
+  // The error of a request that waited `waited` for room in vain.
+  Status room_timeout(std::chrono::steady_clock::duration waited);
   void fail(Status error);
   // The request is over (success, failure or cancellation): counters, registry, observer.
   void end();
@@ -213,6 +264,14 @@ class DispatchCall final : public DispatchHandle,
   std::atomic<bool> attempt_streamed_{false};  // the current attempt's stream sent an event
   Assignment workers_;
   bool held_[3] = {false, false, false};  // unified, prefill, decode: inflight counted
+  int64_t held_prefill_tokens_ = 0;       // added to the prefill worker's prefill_tokens
+  std::chrono::steady_clock::time_point queued_at_;  // under mu_
+  std::chrono::milliseconds queue_waited_{0};        // in all attempts; the request's flow
+  // Waits for decode room: their count (not counted as attempts), the last refusal, and the
+  // backoff's end (steady clock ns; 0: none).
+  int decode_waits_ = 0;
+  std::string decode_refusal_;  // under mu_
+  std::atomic<int64_t> not_before_ns_{0};
   std::vector<uint64_t> excluded_;        // workers that failed this request
   std::shared_ptr<grpc::ClientContext> active_;
   std::string timeout_reason_;

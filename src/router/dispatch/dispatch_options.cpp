@@ -95,6 +95,10 @@ Status validate_dispatcher_options(const DispatcherOptions& o) {
   if (o.queue_limit < 1) {
     return InvalidArgument(fmt::format("queue_limit must be >= 1 (got {})", o.queue_limit));
   }
+  if (o.prefill_queue_tokens < 0) {
+    return InvalidArgument(fmt::format("prefill_queue_tokens must be >= 0 (0: no limit; got {})",
+                                       o.prefill_queue_tokens));
+  }
   if (o.max_attempts < 1) {
     return InvalidArgument(fmt::format("max_attempts must be >= 1 (got {})", o.max_attempts));
   }

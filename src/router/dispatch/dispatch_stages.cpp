@@ -1,5 +1,6 @@
 // The RPC stages of one request attempt on gRPC's callback API: Reserve -> Prefill -> Decode
 // (disaggregated) or Generate (unified), and the best-effort Abort / Release clean-ups.
+#include <algorithm>
 #include <chrono>
 
 #include "cleave/common/log.h"
@@ -104,6 +105,12 @@ void DispatchCall::start_reserve() {
           return;
         }
         if (!s.ok()) {
+          if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+              self->core_->pools.fits_whole_pool(decode, op->request.num_prompt_tokens())) {
+            // Its blocks are only held for now: wait for them rather than fail (dispatch_call.h).
+            self->wait_for_decode_room(rpc_error(*decode, "Reserve", s));
+            return;
+          }
           self->attempt_failed(decode, rpc_error(*decode, "Reserve", s));
           return;
         }
@@ -118,7 +125,9 @@ void DispatchCall::start_reserve() {
 
 void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
   const auto& t = core_->options.timeouts;
-  auto op = unary_op<v1::PrefillRequest, v1::PrefillResponse>(t.prefill);
+  // What the wait for room on a prefill worker left of the deadline.
+  auto op = unary_op<v1::PrefillRequest, v1::PrefillResponse>(
+      std::max(t.prefill - queue_waited_, std::chrono::milliseconds(1)));
   op->request.set_request_id(id_);
   op->request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
   set_resume(op->request.mutable_resume_tokens());

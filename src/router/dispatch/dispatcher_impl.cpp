@@ -43,14 +43,25 @@ class DispatcherImpl final : public Dispatcher {
       return ResourceExhausted(fmt::format(
           "the router's queue is full: {} requests are in flight (queue_limit)", limit));
     }
-    auto workers = core_->pools.choose(request.prompt, {});
-    if (!workers.ok()) {
-      core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
-      return workers.status();
+    // Behind the requests already waiting for room on a prefill worker, in arrival order.
+    const bool queue = core_->has_waiting();
+    bool busy = false;
+    Result<Assignment> workers = Unavailable("");
+    if (!queue) {
+      workers = core_->pools.choose(request.prompt, {},
+                                    static_cast<int64_t>(request.prompt.size()), &busy);
+      if (!workers.ok() && !busy) {
+        core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
+        return workers.status();
+      }
     }
     auto call = std::make_shared<DispatchCall>(core_, std::move(request), std::move(observer));
     core_->add_call(call);
-    call->start(std::move(*workers));
+    if (queue || busy) {
+      call->start_queued();
+    } else {
+      call->start(std::move(*workers));
+    }
     return std::shared_ptr<DispatchHandle>(call);
   }
 
@@ -106,6 +117,8 @@ class DispatcherImpl final : public Dispatcher {
     std::unique_lock<std::mutex> lock(watch_mu_);
     while (!watch_cv_.wait_for(lock, core_->watch_period, [&] { return watch_stop_; })) {
       lock.unlock();
+      // Room a lost wake-up, a new worker or a recovered one made.
+      core_->admit_waiting();
       core_->calls_in_flight(calls);
       const auto now = std::chrono::steady_clock::now();
       // Outside every lock: a cancellation may run its completion on this thread.

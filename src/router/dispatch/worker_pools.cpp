@@ -233,7 +233,15 @@ std::vector<uint64_t> WorkerPools::block_hashes(PoolRole role,
 }
 
 Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
-                                       std::span<const uint64_t> excluded) {
+                                       std::span<const uint64_t> excluded,
+                                       int64_t prefill_tokens, bool* busy) {
+  if (busy) *busy = false;
+  const int64_t limit = options_.prefill_queue_tokens;
+  auto has_room = [&](const Member& m) {
+    if (limit <= 0) return true;
+    const int64_t in_flight = m.endpoint->prefill_tokens.load(std::memory_order_relaxed);
+    return in_flight == 0 || in_flight + prefill_tokens <= limit;
+  };
   auto allowed = [&](const Member& m) {
     return m.ready && std::find(excluded.begin(), excluded.end(), m.endpoint->key) == excluded.end();
   };
@@ -273,15 +281,18 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
   std::vector<WorkerCandidate> cands;
   std::vector<const Member*> members;
   bool any_decode = false;
+  bool partner_full = false;  // a pair exists whose prefill worker lacks only room
   for (const auto& [a, d] : dp.members) {
     if (!allowed(d)) continue;
     any_decode = true;
     bool has_partner = false;
     for (const auto& [b, p] : pp.members) {
-      if (allowed(p) && paired(p.endpoint->key, d.endpoint->key)) {
+      if (!allowed(p) || !paired(p.endpoint->key, d.endpoint->key)) continue;
+      if (has_room(p)) {
         has_partner = true;
         break;
       }
+      partner_full = true;
     }
     if (!has_partner) continue;
     cands.push_back(candidate(d));
@@ -289,6 +300,13 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
   }
   if (cands.empty()) {
     if (!any_decode) return Unavailable(describe(PoolRole::kDecode));
+    if (partner_full) {
+      if (busy) *busy = true;
+      return ResourceExhausted(fmt::format(
+          "every prefill worker that can take the request has {} prompt tokens or more of this "
+          "router's prefills in flight (prefill_queue_tokens)",
+          limit));
+    }
     return Unavailable(describe(PoolRole::kPrefill) + " paired with a ready decode worker");
   }
   size_t i = dp.policy->pick(cands, decode_hashes);
@@ -298,7 +316,7 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
   cands.clear();
   members.clear();
   for (const auto& [b, p] : pp.members) {
-    if (!allowed(p) || !paired(p.endpoint->key, out.decode->key)) continue;
+    if (!allowed(p) || !paired(p.endpoint->key, out.decode->key) || !has_room(p)) continue;
     cands.push_back(candidate(p));
     members.push_back(&p);
   }
@@ -306,6 +324,18 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
   pp.policy->routed(cands[i].worker, prefill_hashes);
   out.prefill = members[i]->endpoint;
   return out;
+}
+
+bool WorkerPools::fits_whole_pool(const std::shared_ptr<WorkerEndpoint>& decode,
+                                  int64_t tokens) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Pool& p = pool(decode->role);
+  auto it = p.members.find(decode->address);
+  if (it == p.members.end() || it->second.endpoint != decode) return false;  // it left
+  const Member& m = it->second;
+  const int64_t bs = m.has_info ? m.info.kv_layout().block_size() : 0;
+  if (bs <= 0 || m.load.blocks_total() <= 0) return true;
+  return (tokens + bs - 1) / bs <= m.load.blocks_total();
 }
 
 bool WorkerPools::ready() const {

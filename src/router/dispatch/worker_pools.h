@@ -48,6 +48,9 @@ struct WorkerEndpoint {
   std::unique_ptr<grpc::GenericStub> generic;  // grpc.health.v1.Health/Check
   // This router's requests using the worker now.
   std::atomic<int64_t> inflight{0};
+  // A prefill worker: the prompt tokens (resume tokens included) of this router's prefills in
+  // flight on it, from the attempt's start to the Prefill's answer (prefill_queue_tokens).
+  std::atomic<int64_t> prefill_tokens{0};
   // Its transfer engine's id (WorkerInfo), once a probe has fetched it; 0 before. A Reserve
   // names the chosen prefill worker's so that the decode worker takes its notice only.
   std::atomic<uint64_t> transfer_engine_id{0};
@@ -95,8 +98,17 @@ class WorkerPools {
   void mark_failed(const std::shared_ptr<WorkerEndpoint>& worker, const Status& why);
 
   // Workers for one attempt of a request with `prompt`, none of them in `excluded` (keys).
-  // Unavailable (saying what is missing) when the pools cannot serve it now.
-  Result<Assignment> choose(std::span<const int32_t> prompt, std::span<const uint64_t> excluded);
+  // Unavailable (saying what is missing) when the pools cannot serve it now. Disaggregated,
+  // with prefill_queue_tokens set: only a prefill worker with room for `prefill_tokens` more
+  // (or none in flight) is chosen; when every one that could take the request lacks only that,
+  // *busy is set and the status is ResourceExhausted (the caller waits for room).
+  Result<Assignment> choose(std::span<const int32_t> prompt, std::span<const uint64_t> excluded,
+                            int64_t prefill_tokens, bool* busy);
+
+  // Whether `tokens` of KV fit the whole pool of the decode worker `decode` as its last
+  // probe reported it (true when nothing is known yet): a Reserve it refused for want of free
+  // blocks may then succeed once blocks come back.
+  bool fits_whole_pool(const std::shared_ptr<WorkerEndpoint>& decode, int64_t tokens) const;
 
   bool ready() const;
   // Dispatcher::readiness(): OK when ready(); FailedPrecondition with the pairing refusals when

@@ -229,6 +229,7 @@ TEST_F(DispatchDisaggregatedTest, QueuedPrefillsLongerThanTheLeaseKeepTheirReser
   metrics::MetricsRegistry registry;
   o.metrics = &registry;
   o.lease = 300ms;  // renewed every 100 ms; 6 watch periods of 50 ms at least
+  o.prefill_queue_tokens = 0;  // all four reserve at once and queue at the prefill worker
   auto d = make_dispatcher(o);
   ASSERT_TRUE(d.ok());
   ASSERT_TRUE((*d)->wait_ready(10s));

@@ -58,7 +58,7 @@ TEST_F(WorkerPoolsTest, ABusyWorkerStaysUntilProbeFailuresTimeoutsInARow) {
   EXPECT_TRUE(pools_->ready());
   pools_->apply_probe(worker_, timed_out_probe());
   EXPECT_FALSE(pools_->ready()) << "the third in a row takes it out";
-  EXPECT_FALSE(pools_->choose(std::vector<int32_t>{1, 2}, {}).ok());
+  EXPECT_FALSE(pools_->choose(std::vector<int32_t>{1, 2}, {}, 2, nullptr).ok());
   // Back with the next good probe.
   pools_->apply_probe(worker_, good_probe(false));
   EXPECT_TRUE(pools_->ready());

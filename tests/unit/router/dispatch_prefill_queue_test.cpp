@@ -1,0 +1,233 @@
+// Room on a prefill worker (DispatcherOptions::prefill_queue_tokens) over real prefill and
+// decode workers: requests beyond it wait at the router before their Reserve, so the decode
+// worker holds reservations only for prefills that run, and they complete with the tokens of
+// each alone; a request that waits past timeouts.prefill fails RESOURCE_EXHAUSTED naming the
+// setting; a queued request that is cancelled, or whose dispatcher shuts down, ends at once;
+// every block comes back and the queue gauge ends at 0.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+
+#include "dispatch_test_util.h"
+
+namespace cleave::router {
+namespace {
+
+using namespace testing_dispatch;
+
+struct Submitted {
+  std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
+  std::shared_ptr<DispatchHandle> handle;
+};
+
+Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt, const SamplingParams& p) {
+  Submitted s;
+  auto h = d.submit(DispatchRequest{prompt, p, {}}, s.observer);
+  EXPECT_TRUE(h.ok()) << h.status().to_string();
+  if (h.ok()) s.handle = *h;
+  return s;
+}
+
+// The value of an unlabelled sample in a Prometheus rendering (-1 when absent).
+double sample(const std::string& text, const std::string& name) {
+  const std::string key = "\n" + name + " ";
+  const size_t at = ("\n" + text).find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size() - 1));
+}
+
+class DispatchPrefillQueueTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    slow_ = new testing_engine::ModelUnderTest(
+        testing_engine::ModelUnderTest::load(slow_model_path()));
+  }
+  static void TearDownTestSuite() {
+    delete slow_;
+    slow_ = nullptr;
+  }
+  static std::vector<std::vector<int32_t>> prompts(int n, int64_t len) {
+    std::mt19937 rng(static_cast<uint32_t>(len));
+    std::vector<std::vector<int32_t>> out;
+    for (int i = 0; i < n; ++i) out.push_back(testing_engine::random_prompt(rng, *slow_->tok, 512, len));
+    return out;
+  }
+  void SetUp() override { start_workers(512); }
+  // A decode worker with `decode_blocks` KV blocks of 16 tokens and a prefill worker.
+  void start_workers(int64_t decode_blocks) {
+    prefill_ = {};
+    decode_ = {};
+    std::string why;
+    WorkerConfig dc = worker_config("decode", slow_model_path());
+    dc.engine.kv_blocks = decode_blocks;
+    decode_ = start_worker(dc, &why);
+    if (!decode_.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
+    prefill_ = start_worker(worker_config("prefill", slow_model_path()));
+    ASSERT_TRUE(prefill_.server);
+  }
+  DispatcherOptions options(int64_t room) {
+    DispatcherOptions o = test_options();
+    o.mode = DispatchMode::kDisaggregated;
+    o.prefill.workers = {prefill_.address};
+    o.decode.workers = {decode_.address};
+    o.lease = 3000ms;
+    o.prefill_queue_tokens = room;
+    o.metrics = &registry_;
+    return o;
+  }
+
+  static testing_engine::ModelUnderTest* slow_;
+  TestWorker decode_;
+  TestWorker prefill_;
+  metrics::MetricsRegistry registry_;
+};
+
+testing_engine::ModelUnderTest* DispatchPrefillQueueTest::slow_ = nullptr;
+
+TEST_F(DispatchPrefillQueueTest, RequestsBeyondTheRoomWaitBeforeReservingDecodeKv) {
+  // Room for one 900-token prompt: the four run one after the other.
+  auto d = make_dispatcher(options(1000));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_TRUE((*d)->wait_ready(10s));
+  const auto ps = prompts(4, 900);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> most_reservations{0};
+  std::thread watch([&] {
+    while (!done.load()) {
+      if (auto l = decode_.client->load(); l.ok()) {
+        int64_t seen = most_reservations.load();
+        while (l->reservations() > seen && !most_reservations.compare_exchange_weak(seen, l->reservations())) {
+        }
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  std::vector<Submitted> runs;
+  for (const auto& p : ps) runs.push_back(submit(**d, p, greedy(4)));
+  const std::string queued = registry_.render();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_TRUE(runs[i].observer->wait_end(60s)) << "request " << i << " hangs";
+    ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
+  }
+  done = true;
+  watch.join();
+  // The three behind the first waited at the router, not in the decode worker's pool.
+  EXPECT_EQ(sample(queued, "cleave:router_prefill_queue_requests"), 3) << queued;
+  // One prefill at a time; a second reservation can show only for the moment between the last
+  // one's KV in place (the Prefill answered, the next request reserved) and the decode engine
+  // taking it up. Without the room all four reserve at once.
+  EXPECT_LE(most_reservations.load(), 2) << "reservations were made for prefills that only queued";
+  EXPECT_GE(most_reservations.load(), 1);
+  const std::string after = registry_.render();
+  EXPECT_EQ(sample(after, "cleave:router_prefill_queue_requests"), 0) << after;
+  EXPECT_EQ(sample(after, "cleave:router_prefill_queue_seconds_count"), 3) << after;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Submitted alone = submit(**d, ps[i], greedy(4));
+    ASSERT_TRUE(alone.observer->wait_end(60s)) << i;
+    ASSERT_TRUE(alone.observer->finished()) << alone.observer->error().to_string();
+    EXPECT_EQ(runs[i].observer->tokens(), alone.observer->tokens()) << "prompt " << i;
+  }
+  expect_blocks_back(*prefill_.client, "prefill");
+  expect_blocks_back(*decode_.client, "decode");
+}
+
+TEST_F(DispatchPrefillQueueTest, ARequestThatWaitsPastItsDeadlineFailsNamingTheSetting) {
+  DispatcherOptions o = options(1000);
+  o.timeouts.prefill = 3000ms;
+  auto d = make_dispatcher(o);
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->wait_ready(10s));
+  // Twelve 1000-token prefills, one at a time, are far more than 3 s of work.
+  const auto ps = prompts(12, 1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<Submitted> runs;
+  for (const auto& p : ps) runs.push_back(submit(**d, p, greedy(2)));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_TRUE(runs[i].observer->wait_end(30s)) << "request " << i << " hangs";
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 3000ms + 2000ms) << "the waits outlived their deadline";
+  // The first ones prefill (or, on a slow build, run out of time at the worker); the last
+  // never had room.
+  const Status last = runs.back().observer->error();
+  EXPECT_EQ(last.code(), StatusCode::kResourceExhausted) << last.to_string();
+  EXPECT_NE(last.message().find("no prefill worker had room"), std::string::npos) << last.to_string();
+  EXPECT_NE(last.message().find("router.prefill_queue_tokens"), std::string::npos) << last.to_string();
+  EXPECT_EQ(sample(registry_.render(), "cleave:router_prefill_queue_requests"), 0);
+  expect_blocks_back(*prefill_.client, "prefill");
+  expect_blocks_back(*decode_.client, "decode");
+}
+
+TEST_F(DispatchPrefillQueueTest, QueuedRequestsEndAtOnceOnCancelAndOnShutdown) {
+  auto d = make_dispatcher(options(1000));
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->wait_ready(10s));
+  const auto ps = prompts(3, 900);
+  Submitted first = submit(**d, ps[0], greedy(2));
+  Submitted cancelled = submit(**d, ps[1], greedy(2));
+  Submitted abandoned = submit(**d, ps[2], greedy(2));
+  EXPECT_EQ(sample(registry_.render(), "cleave:router_prefill_queue_requests"), 2);
+  cancelled.handle->cancel();
+  EXPECT_EQ(sample(registry_.render(), "cleave:router_prefill_queue_requests"), 1)
+      << "a cancelled request left the queue late";
+  ASSERT_TRUE(first.observer->wait_end(60s));
+  ASSERT_TRUE(first.observer->finished()) << first.observer->error().to_string();
+  // The third got the room the cancelled one gave up; shut down while it runs or waits.
+  (*d)->shutdown();
+  ASSERT_TRUE(abandoned.observer->wait_end(10s)) << "shutdown left a queued request hanging";
+  EXPECT_EQ(cancelled.observer->events(), 0);
+  EXPECT_FALSE(cancelled.observer->ended());
+  expect_blocks_back(*prefill_.client, "prefill");
+  expect_blocks_back(*decode_.client, "decode");
+}
+
+TEST_F(DispatchPrefillQueueTest, AReserveRefusedForHeldBlocksWaitsForThemInsteadOfFailing) {
+  // 48 blocks (768 tokens): one 500-token reservation (32 blocks) at a time fits.
+  start_workers(48);
+  if (!decode_.server) return;
+  auto d = make_dispatcher(options(0));  // no prefill room: every request reserves at once
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*d)->wait_ready(10s));
+  ASSERT_TRUE(eventually([&] { return (*d)->pools()[1].blocks_total == 48; }))
+      << "the router has not probed the decode worker's pool";
+  const auto ps = prompts(3, 500);
+  std::vector<Submitted> runs;
+  for (const auto& p : ps) runs.push_back(submit(**d, p, greedy(4)));
+  // Needs more blocks than the pool has in all: refused at once, not kept waiting.
+  Submitted too_big = submit(**d, prompts(1, 900)[0], greedy(4));
+  ASSERT_TRUE(too_big.observer->wait_end(10s));
+  EXPECT_EQ(too_big.observer->error().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(too_big.observer->error().message().find("in all"), std::string::npos)
+      << too_big.observer->error().to_string();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_TRUE(runs[i].observer->wait_end(60s)) << "request " << i << " hangs";
+    ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
+  }
+  const std::string m = registry_.render();
+  EXPECT_GE(sample(m, "cleave:router_prefill_queue_seconds_count"), 2) << m;
+  EXPECT_EQ(sample(m, "cleave:router_dispatch_retries_total"), 0) << "waits are no retries: " << m;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Submitted alone = submit(**d, ps[i], greedy(4));
+    ASSERT_TRUE(alone.observer->wait_end(60s)) << i;
+    ASSERT_TRUE(alone.observer->finished()) << alone.observer->error().to_string();
+    EXPECT_EQ(runs[i].observer->tokens(), alone.observer->tokens()) << "prompt " << i;
+  }
+  expect_blocks_back(*prefill_.client, "prefill");
+  expect_blocks_back(*decode_.client, "decode");
+}
+
+TEST(DispatchPrefillQueueOptionsTest, ANegativeRoomIsRefusedNamingTheField) {
+  DispatcherOptions o = test_options();
+  o.mode = DispatchMode::kDisaggregated;
+  o.prefill.workers = {"127.0.0.1:1"};
+  o.decode.workers = {"127.0.0.1:2"};
+  o.prefill_queue_tokens = -1;
+  const Status s = validate_dispatcher_options(o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("prefill_queue_tokens"), std::string::npos) << s.to_string();
+}
+
+}  // namespace
+}  // namespace cleave::router
