@@ -239,11 +239,11 @@ void DispatchCall::wait_for_room() {
 void DispatchCall::leave_queue(Result<Assignment> workers) {
   std::chrono::steady_clock::duration waited;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);  // the watchdog reads queue_waited_ too
     waited = std::chrono::steady_clock::now() - queued_at_;
     watch_deadline_ns_.store(0, std::memory_order_relaxed);
+    queue_waited_ += std::chrono::duration_cast<std::chrono::milliseconds>(waited);
   }
-  queue_waited_ += std::chrono::duration_cast<std::chrono::milliseconds>(waited);
   if (core_->prefill_queue_seconds) {
     core_->prefill_queue_seconds->observe(std::chrono::duration<double>(waited).count());
   }

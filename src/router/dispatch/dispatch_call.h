@@ -266,7 +266,8 @@ class DispatchCall final : public DispatchHandle,
   bool held_[3] = {false, false, false};  // unified, prefill, decode: inflight counted
   int64_t held_prefill_tokens_ = 0;       // added to the prefill worker's prefill_tokens
   std::chrono::steady_clock::time_point queued_at_;  // under mu_
-  std::chrono::milliseconds queue_waited_{0};        // in all attempts; the request's flow
+  // In all attempts: written under mu_ by the request's flow, read by it and the watchdog.
+  std::chrono::milliseconds queue_waited_{0};
   // Waits for decode room: their count (not counted as attempts), the last refusal, and the
   // backoff's end (steady clock ns; 0: none).
   int decode_waits_ = 0;

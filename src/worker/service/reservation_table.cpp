@@ -80,6 +80,8 @@ std::optional<ReservationTable::Taken> ReservationTable::poll(RequestId id, cons
     taken.outcome = Outcome::kShutdown;
   } else if (it->second.expired) {  // before filled: the blocks are gone either way
     taken.outcome = Outcome::kExpired;
+    taken.lease = it->second.lease;
+    taken.renewals = it->second.renewals;
   } else if (it->second.filled) {
     taken.outcome = Outcome::kFilled;
     taken.notice_value = it->second.notice_value;
@@ -90,6 +92,15 @@ std::optional<ReservationTable::Taken> ReservationTable::poll(RequestId id, cons
   }
   erase_locked(it);
   return taken;
+}
+
+bool ReservationTable::renewed(RequestId id, std::chrono::milliseconds lease) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return false;
+  it->second.lease = lease;
+  ++it->second.renewals;
+  return true;
 }
 
 void ReservationTable::set_listener(std::function<void()> listener) {

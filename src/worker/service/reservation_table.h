@@ -62,7 +62,8 @@ class ReservationTable {
   struct Taken {
     Outcome outcome = Outcome::kNotFound;
     int64_t num_tokens = 0;
-    std::chrono::milliseconds lease{0};
+    std::chrono::milliseconds lease{0};  // the last one: the first, or the last renewal's
+    int renewals = 0;
     uint64_t notice_value = 0;  // what the filling notice carried (kFilled)
   };
   // Claims the reservation of `id` for one Decode: kFilled means "claimed" (poll() tells when
@@ -82,6 +83,10 @@ class ReservationTable {
   // table's lock; set before any claim, cleared (nullptr) before its target goes.
   void set_listener(std::function<void()> listener);
 
+  // RenewLease renewed reservation `id` in the engine for `lease`: recorded for messages
+  // (the engine's ledger keeps the clock). false when the table has no entry under `id`.
+  bool renewed(RequestId id, std::chrono::milliseconds lease);
+
   // Release / Abort: removes the entry (a waiting Decode sees kReleased). false when none.
   bool remove(RequestId id);
   // Wakes every waiter with kShutdown; later waits answer kShutdown at once.
@@ -99,6 +104,7 @@ class ReservationTable {
     bool filled = false;
     bool expired = false;  // the engine ended it at the end of its lease
     bool claimed = false;  // a Decode waits on it
+    int renewals = 0;
   };
   void erase_locked(std::unordered_map<RequestId, Entry>::iterator it);
 

@@ -149,6 +149,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::RenewLease(grpc::CallbackServerContext* ct
     switch (core_.role) {
       case WorkerRole::kDecode:
         out->set_renewed(core_.engine->renew_reservation(id, lease));
+        if (out->renewed()) (void)core_.reservations.renewed(id, lease);
         break;
       case WorkerRole::kPrefill:
         out->set_renewed(core_.renew_sender(id, lease));

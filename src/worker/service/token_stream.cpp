@@ -272,12 +272,18 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
         break;
       case Outcome::kExpired:
         // The engine's ledger ended the reservation (blocks back, counted) and told the table.
-        log::info("worker {}: request {}: the KV did not arrive within the lease of {} ms",
-                  core_.id, id_, taken->lease.count());
-        finish_now(FailedPrecondition(
-            fmt::format("request {}: the KV did not arrive within the lease of {} ms", id_,
-                        taken->lease.count())));
+      {
+        const std::string why =
+            taken->renewals == 0
+                ? fmt::format("request {}: the KV did not arrive within the lease of {} ms", id_,
+                              taken->lease.count())
+                : fmt::format("request {}: the KV did not arrive within the lease ({} ms after "
+                              "the last of {} renewals)",
+                              id_, taken->lease.count(), taken->renewals);
+        log::info("worker {}: {}", core_.id, why);
+        finish_now(FailedPrecondition(why));
         return false;
+      }
       case Outcome::kGaveUp:
         (void)core_.engine->release_reservation(id_);
         finish_now(Cancelled(fmt::format("request {}: the client went away", id_)));

@@ -156,6 +156,21 @@ TEST(ReservationTableTest, PollTellsEachOutcomeOnceAndEndsTheEntry) {
   EXPECT_EQ(t.size(), 0);
 }
 
+TEST(ReservationTableTest, AnExpiredReservationTellsItsLastRenewal) {
+  ReservationTable t;
+  const uint64_t tag = t.add(7, 3, 1s);
+  EXPECT_FALSE(t.renewed(8, 2s));  // no such entry
+  ASSERT_TRUE(t.renewed(7, 2s));
+  ASSERT_TRUE(t.renewed(7, 3s));
+  ReservationTable::Claim c = t.claim(7);
+  ASSERT_TRUE(t.expire(7, tag));
+  auto got = t.poll(7, c, false);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->outcome, Outcome::kExpired);
+  EXPECT_EQ(got->lease, 3s);
+  EXPECT_EQ(got->renewals, 2);
+}
+
 TEST(ReservationTableTest, ShutdownEndsEveryWaitAndRefusesNewClaims) {
   ReservationTable t;
   t.add(1, 3, 1s);
