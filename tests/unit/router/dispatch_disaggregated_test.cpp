@@ -36,19 +36,6 @@ class DispatchDisaggregatedTest : public ReferenceModelTest {
   }
 };
 
-struct Submitted {
-  std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
-  std::shared_ptr<DispatchHandle> handle;
-};
-
-Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt, const SamplingParams& p) {
-  Submitted s;
-  auto h = d.submit(DispatchRequest{prompt, p, {}}, s.observer);
-  EXPECT_TRUE(h.ok()) << h.status().to_string();
-  if (h.ok()) s.handle = *h;
-  return s;
-}
-
 // Both orders of the stages: the Decode opened right after Reserve (early_decode, its first
 // token in the KV's notice) and the Decode opened after the Prefill's answer.
 class DispatchPairTest : public DispatchDisaggregatedTest,

@@ -13,30 +13,11 @@ namespace {
 
 using namespace testing_dispatch;
 
-struct Submitted {
-  std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
-  std::shared_ptr<DispatchHandle> handle;
-};
-
-class DispatchMigrationTest : public ::testing::Test {
+class DispatchMigrationTest : public SlowModelTest {
  protected:
-  static void SetUpTestSuite() {
-    slow_ = new testing_engine::ModelUnderTest(
-        testing_engine::ModelUnderTest::load(slow_model_path()));
-  }
-  static void TearDownTestSuite() {
-    delete slow_;
-    slow_ = nullptr;
-  }
-  // Generator's run of the slow model (what the workers serve here).
-  static GenerationResult reference(const std::vector<int32_t>& prompt, const SamplingParams& p) {
-    auto model = slow_->model(1);
-    return testing_engine::generate_alone(*model, *slow_->tok, prompt, p);
-  }
-
   static std::vector<int32_t> prompt(int len) {
     std::mt19937 rng(static_cast<uint32_t>(len));
-    return testing_engine::random_prompt(rng, *slow_->tok, 512, len);
+    return testing_engine::random_prompt(rng, *ref_->tok, 512, len);
   }
   // Long enough to be mid-stream when a worker is stopped, with penalties so that the sampler
   // must see the resumed tokens as generated ones.
@@ -55,14 +36,6 @@ class DispatchMigrationTest : public ::testing::Test {
     return p;
   }
 
-  static Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt,
-                          const SamplingParams& p) {
-    Submitted s;
-    auto h = d.submit(DispatchRequest{prompt, p, {}}, s.observer);
-    EXPECT_TRUE(h.ok()) << h.status().to_string();
-    if (h.ok()) s.handle = *h;
-    return s;
-  }
 
   // The index of the worker whose engine runs a request (-1 when none is seen within 10 s).
   static int running_on(const std::vector<TestWorker*>& workers) {
@@ -122,7 +95,6 @@ class DispatchMigrationTest : public ::testing::Test {
     return victim;
   }
 
-  static inline testing_engine::ModelUnderTest* slow_ = nullptr;
 };
 
 TEST_F(DispatchMigrationTest, UnifiedStreamsSurviveTheirWorkerGreedyAndSeeded) {

@@ -17,17 +17,15 @@ namespace {
 
 using namespace testing_dispatch;
 
-struct Submitted {
-  std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
-  std::shared_ptr<DispatchHandle> handle;
-};
-
-Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt, const SamplingParams& p) {
-  Submitted s;
-  auto h = d.submit(DispatchRequest{prompt, p, {}}, s.observer);
-  EXPECT_TRUE(h.ok()) << h.status().to_string();
-  if (h.ok()) s.handle = *h;
-  return s;
+// Each prompt run again alone (one at a time) gives the tokens it gave among the others.
+void expect_each_alone_the_same(Dispatcher& d, const std::vector<std::vector<int32_t>>& ps,
+                                std::vector<Submitted>& runs) {
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Submitted alone = submit(d, ps[i], greedy(4));
+    ASSERT_TRUE(alone.observer->wait_end(60s)) << i;
+    ASSERT_TRUE(alone.observer->finished()) << alone.observer->error().to_string();
+    EXPECT_EQ(runs[i].observer->tokens(), alone.observer->tokens()) << "prompt " << i;
+  }
 }
 
 // The value of an unlabelled sample in a Prometheus rendering (-1 when absent).
@@ -38,20 +36,12 @@ double sample(const std::string& text, const std::string& name) {
   return std::stod(text.substr(at + key.size() - 1));
 }
 
-class DispatchPrefillQueueTest : public ::testing::Test {
+class DispatchPrefillQueueTest : public SlowModelTest {
  protected:
-  static void SetUpTestSuite() {
-    slow_ = new testing_engine::ModelUnderTest(
-        testing_engine::ModelUnderTest::load(slow_model_path()));
-  }
-  static void TearDownTestSuite() {
-    delete slow_;
-    slow_ = nullptr;
-  }
   static std::vector<std::vector<int32_t>> prompts(int n, int64_t len) {
     std::mt19937 rng(static_cast<uint32_t>(len));
     std::vector<std::vector<int32_t>> out;
-    for (int i = 0; i < n; ++i) out.push_back(testing_engine::random_prompt(rng, *slow_->tok, 512, len));
+    for (int i = 0; i < n; ++i) out.push_back(testing_engine::random_prompt(rng, *ref_->tok, 512, len));
     return out;
   }
   void SetUp() override { start_workers(512); }
@@ -78,13 +68,10 @@ class DispatchPrefillQueueTest : public ::testing::Test {
     return o;
   }
 
-  static testing_engine::ModelUnderTest* slow_;
   TestWorker decode_;
   TestWorker prefill_;
   metrics::MetricsRegistry registry_;
 };
-
-testing_engine::ModelUnderTest* DispatchPrefillQueueTest::slow_ = nullptr;
 
 TEST_F(DispatchPrefillQueueTest, RequestsBeyondTheRoomWaitBeforeReservingDecodeKv) {
   // Room for one 900-token prompt: the four run one after the other.
@@ -123,12 +110,7 @@ TEST_F(DispatchPrefillQueueTest, RequestsBeyondTheRoomWaitBeforeReservingDecodeK
   const std::string after = registry_.render();
   EXPECT_EQ(sample(after, "cleave:router_prefill_queue_requests"), 0) << after;
   EXPECT_EQ(sample(after, "cleave:router_prefill_queue_seconds_count"), 3) << after;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    Submitted alone = submit(**d, ps[i], greedy(4));
-    ASSERT_TRUE(alone.observer->wait_end(60s)) << i;
-    ASSERT_TRUE(alone.observer->finished()) << alone.observer->error().to_string();
-    EXPECT_EQ(runs[i].observer->tokens(), alone.observer->tokens()) << "prompt " << i;
-  }
+  expect_each_alone_the_same(**d, ps, runs);
   expect_blocks_back(*prefill_.client, "prefill");
   expect_blocks_back(*decode_.client, "decode");
 }
@@ -208,12 +190,7 @@ TEST_F(DispatchPrefillQueueTest, AReserveRefusedForHeldBlocksWaitsForThemInstead
   const std::string m = registry_.render();
   EXPECT_GE(sample(m, "cleave:router_prefill_queue_seconds_count"), 2) << m;
   EXPECT_EQ(sample(m, "cleave:router_dispatch_retries_total"), 0) << "waits are no retries: " << m;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    Submitted alone = submit(**d, ps[i], greedy(4));
-    ASSERT_TRUE(alone.observer->wait_end(60s)) << i;
-    ASSERT_TRUE(alone.observer->finished()) << alone.observer->error().to_string();
-    EXPECT_EQ(runs[i].observer->tokens(), alone.observer->tokens()) << "prompt " << i;
-  }
+  expect_each_alone_the_same(**d, ps, runs);
   expect_blocks_back(*prefill_.client, "prefill");
   expect_blocks_back(*decode_.client, "decode");
 }

@@ -208,6 +208,20 @@ class CollectingObserver final : public RequestObserver {
   bool error_started_ = false;
 };
 
+// One submitted request and what its observer collected.
+struct Submitted {
+  std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
+  std::shared_ptr<DispatchHandle> handle;
+};
+
+inline Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt, const SamplingParams& p) {
+  Submitted s;
+  auto h = d.submit(DispatchRequest{prompt, p, {}}, s.observer);
+  EXPECT_TRUE(h.ok()) << h.status().to_string();
+  if (h.ok()) s.handle = *h;
+  return s;
+}
+
 inline SamplingParams greedy(int32_t max_tokens, int32_t logprobs = -1) {
   SamplingParams p;
   p.temperature = 0;
@@ -261,11 +275,13 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = 10s) {
 
 // A test suite with the synthetic model (synth_path) loaded once: Generator's output for a
 // prompt alone is the reference a dispatched request must equal.
-class ReferenceModelTest : public ::testing::Test {
+// A suite that loads the model at Path() once: its tokenizer, and Generator's runs of it (what
+// workers serving it must give).
+template <std::string (*Path)()>
+class ModelSuiteTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    ref_ = new testing_engine::ModelUnderTest(
-        testing_engine::ModelUnderTest::load(testing_engine::synth_path()));
+    ref_ = new testing_engine::ModelUnderTest(testing_engine::ModelUnderTest::load(Path()));
   }
   static void TearDownTestSuite() {
     delete ref_;
@@ -277,5 +293,8 @@ class ReferenceModelTest : public ::testing::Test {
   }
   static inline testing_engine::ModelUnderTest* ref_ = nullptr;
 };
+
+using ReferenceModelTest = ModelSuiteTest<testing_engine::synth_path>;
+using SlowModelTest = ModelSuiteTest<slow_model_path>;
 
 }  // namespace cleave::router::testing_dispatch

@@ -25,19 +25,6 @@ class DispatchUnifiedTest : public ReferenceModelTest {
   }
 };
 
-struct Submitted {
-  std::shared_ptr<CollectingObserver> observer = std::make_shared<CollectingObserver>();
-  std::shared_ptr<DispatchHandle> handle;
-};
-
-Submitted submit(Dispatcher& d, const std::vector<int32_t>& prompt, const SamplingParams& p) {
-  Submitted s;
-  auto h = d.submit(DispatchRequest{prompt, p, {}}, s.observer);
-  EXPECT_TRUE(h.ok()) << h.status().to_string();
-  if (h.ok()) s.handle = *h;
-  return s;
-}
-
 TEST_F(DispatchUnifiedTest, NotReadyUntilAWorkerIsHealthy) {
   const int port = free_port();
   DispatcherOptions o = test_options();
