@@ -129,11 +129,15 @@ bool DispatchCore::wait_no_calls(std::chrono::milliseconds timeout) {
   return calls_cv_.wait_for(lock, timeout, [&] { return calls_.empty(); });
 }
 
+void DispatchCore::publish_waiting_locked() {
+  waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
+  if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+}
+
 void DispatchCore::enqueue(std::shared_ptr<DispatchCall> call) {
   std::lock_guard<std::mutex> lock(waiting_mu_);
   waiting_.push_back(std::move(call));
-  waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
-  if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+  publish_waiting_locked();
 }
 
 bool DispatchCore::take_waiting(const DispatchCall* call) {
@@ -142,8 +146,7 @@ bool DispatchCore::take_waiting(const DispatchCall* call) {
                          [&](const auto& c) { return c.get() == call; });
   if (it == waiting_.end()) return false;
   waiting_.erase(it);
-  waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
-  if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+  publish_waiting_locked();
   return true;
 }
 
@@ -181,8 +184,7 @@ void DispatchCore::admit_round() {
       go.push_back(Admitted{std::move(waiting_.front()), std::move(workers)});
       waiting_.pop_front();
     }
-    waiting_count_.store(static_cast<int64_t>(waiting_.size()), std::memory_order_release);
-    if (prefill_queue_requests) prefill_queue_requests->set(static_cast<double>(waiting_.size()));
+    publish_waiting_locked();
   }
   // Outside the lock: an attempt's start may run completions (and enqueue) on this thread.
   for (Admitted& a : go) a.call->leave_queue(std::move(a.workers));
@@ -209,9 +211,7 @@ Result<Assignment> DispatchCall::choose_workers(bool* busy) {
     std::lock_guard<std::mutex> lock(mu_);
     excluded = excluded_;
   }
-  // A migration's prefill computes its resume tokens too (begin_attempt: resume_).
-  const auto tokens = static_cast<int64_t>(prompt_.size() + delivered_tokens_.size());
-  return core_->pools.choose(prompt_, excluded, tokens, busy);
+  return core_->pools.choose(prompt_, excluded, prefill_token_count(), busy);
 }
 
 void DispatchCall::wait_for_room() {
@@ -222,10 +222,7 @@ void DispatchCall::wait_for_room() {
     stage_ = Stage::kQueued;
     active_.reset();
     queued_at_ = now;
-    watch_deadline_ns_.store(
-        std::chrono::duration_cast<std::chrono::nanoseconds>((now + left).time_since_epoch())
-            .count(),
-        std::memory_order_relaxed);
+    watch_deadline_ns_.store(steady_ns(now + left), std::memory_order_relaxed);
   }
   core_->enqueue(shared_from_this());
   // A cancel() that came before the call was in the queue did not find it there.
@@ -271,17 +268,14 @@ void DispatchCall::wait_for_decode_room(Status why) {
     end();
     return;
   }
-  const auto backoff = std::chrono::milliseconds(50 << std::min(decode_waits_, 4));
+  // 50, 100, 200, 400, then 800 ms.
+  const std::chrono::milliseconds backoff(50 << std::min(decode_waits_, 4));
   ++decode_waits_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     decode_refusal_ = why.message();
   }
-  not_before_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           (std::chrono::steady_clock::now() +
-                            std::min<std::chrono::milliseconds>(backoff, std::chrono::seconds(1)))
-                               .time_since_epoch())
-                           .count(),
+  not_before_ns_.store(steady_ns(std::chrono::steady_clock::now() + backoff),
                        std::memory_order_relaxed);
   if (decode_waits_ == 1) {
     log::debug("dispatch: request attempt {} waits for decode room ({})", attempt_.load(),
@@ -306,8 +300,7 @@ Status DispatchCall::room_timeout(std::chrono::steady_clock::duration waited) {
       "no prefill worker had room for the request's {} prompt tokens within {} ms "
       "(router.prefill_queue_tokens: {} tokens of this router's prefills in flight per worker; "
       "{} more requests waiting)",
-      prompt_.size() + delivered_tokens_.size(), ms, core_->options.prefill_queue_tokens,
-      core_->waiting()));
+      prefill_token_count(), ms, core_->options.prefill_queue_tokens, core_->waiting()));
 }
 
 void DispatchCall::begin_attempt(Assignment workers) {
@@ -344,31 +337,17 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
     excluded_.push_back(worker->key);
   }
   const bool started = started_.load(std::memory_order_acquire);
-  bool busy = false;
+  bool busy = false;  // the next attempt waits for room on a prefill worker, like a new request
   Result<Assignment> next = next_attempt(error, &busy);
-  if (busy) {
-    // The retry (or migration) waits for room on a prefill worker like a new request.
-    if (started) {
-      ++migrations_;
-      if (core_->migrations_resumed) core_->migrations_resumed->inc();
-    } else if (core_->retries) {
-      core_->retries->inc();
-    }
-    log::info("dispatch: request attempt {} failed {} ({}); its next attempt waits for room on "
-              "a prefill worker",
-              attempt_.load(), started ? "after its first token" : "before its first token",
-              error.to_string());
-    wait_for_room();
-    return;
-  }
-  if (!next.ok()) {
+  if (!next.ok() && !busy) {
     if (started && core_->migrations_refused) core_->migrations_refused->inc();
     fail(next.status());
     return;
   }
   const std::string where =
-      next->unified ? next->unified->address
-                    : fmt::format("{} + {}", next->prefill->address, next->decode->address);
+      busy            ? std::string("the first prefill worker with room")
+      : next->unified ? next->unified->address
+                      : fmt::format("{} + {}", next->prefill->address, next->decode->address);
   if (started) {
     ++migrations_;
     log::info("dispatch: request attempt {} failed after {} tokens ({}); migrating to {} "
@@ -381,7 +360,11 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
               attempt_.load(), error.to_string(), where);
     if (core_->retries) core_->retries->inc();
   }
-  begin_attempt(std::move(*next));
+  if (busy) {
+    wait_for_room();
+  } else {
+    begin_attempt(std::move(*next));
+  }
 }
 
 Result<Assignment> DispatchCall::next_attempt(const Status& error, bool* busy) {
@@ -442,11 +425,8 @@ bool DispatchCall::arm(std::shared_ptr<grpc::ClientContext> ctx, Stage stage,
   stage_ = stage;
   timeout_reason_.clear();
   const int64_t d =
-      watch_deadline.count() > 0
-          ? std::chrono::duration_cast<std::chrono::nanoseconds>(
-                (std::chrono::steady_clock::now() + watch_deadline).time_since_epoch())
-                .count()
-          : 0;
+      watch_deadline.count() > 0 ? steady_ns(std::chrono::steady_clock::now() + watch_deadline)
+                                 : 0;
   watch_deadline_ns_.store(d, std::memory_order_relaxed);
   return true;
 }
@@ -466,7 +446,7 @@ void DispatchCall::hold(const std::shared_ptr<WorkerEndpoint>& worker) {
   held_[i] = true;
   worker->inflight.fetch_add(1, std::memory_order_relaxed);
   if (worker->role == PoolRole::kPrefill) {
-    held_prefill_tokens_ = static_cast<int64_t>(prompt_.size() + delivered_tokens_.size());
+    held_prefill_tokens_ = prefill_token_count();
     worker->prefill_tokens.fetch_add(held_prefill_tokens_, std::memory_order_relaxed);
   }
 }

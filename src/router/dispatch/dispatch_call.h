@@ -24,7 +24,7 @@
 // is what is left of it. A Reserve that the decode worker refuses for want of free blocks, when
 // the request fits its whole pool, waits in the same queue (its blocks are only held: by
 // running sequences and by reservations of prefills that run) and tries again after a backoff
-// (50 ms, doubling to 1 s) while it heads the queue, instead of failing with 429.
+// (50 ms, doubling to 800 ms) while it heads the queue, instead of failing with 429.
 // A prefill that fails or finishes the request releases the reservation. A failure before any
 // event went to the observer is retried on workers not tried yet (max_attempts in all); after
 // one, it is migrated (max_migrations in all): a new attempt on workers not tried yet whose
@@ -43,9 +43,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -61,6 +61,11 @@
 namespace cleave::router {
 
 class DispatchCall;
+
+// A steady-clock instant as the nanoseconds the calls' atomic deadlines hold.
+inline int64_t steady_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
 
 // What every request of one dispatcher shares. Held by shared_ptr from each request, so that a
 // request finishing after the dispatcher was destroyed still finds it.
@@ -114,8 +119,10 @@ struct DispatchCore {
   metrics::Histogram* prefill_queue_seconds = nullptr;
 
  private:
-  // One pass over the queue; false when nothing was admitted.
+  // One pass over the queue: admits from its head while they find room.
   void admit_round();
+  // waiting_count_ and the gauge follow waiting_ (under waiting_mu_).
+  void publish_waiting_locked();
 
   std::mutex calls_mu_;
   std::condition_variable calls_cv_;
@@ -171,7 +178,12 @@ class DispatchCall final : public DispatchHandle,
   void wait_for_decode_room(Status why);
   // Whether a waiting request may be tried now (its backoff has passed).
   bool due(std::chrono::steady_clock::time_point now) const {
-    return now.time_since_epoch().count() >= not_before_ns_.load(std::memory_order_relaxed);
+    return steady_ns(now) >= not_before_ns_.load(std::memory_order_relaxed);
+  }
+  // The tokens this request's next prefill computes: the prompt and, for a migration, the
+  // tokens delivered so far (begin_attempt: resume_).
+  int64_t prefill_token_count() const {
+    return static_cast<int64_t>(prompt_.size() + delivered_tokens_.size());
   }
   // The error of a request that waited `waited` for room in vain.
   Status room_timeout(std::chrono::steady_clock::duration waited);

@@ -146,10 +146,7 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
     std::lock_guard<std::mutex> lock(mu_);
     lease_ = lease;
     renewing_ = false;
-    renew_at_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           (Clock::now() + lease / 3).time_since_epoch())
-                           .count(),
-                       std::memory_order_relaxed);
+    renew_at_ns_.store(steady_ns(Clock::now() + lease / 3), std::memory_order_relaxed);
   }
   auto self = shared_from_this();
   workers_.prefill->stub->async()->Prefill(
@@ -226,8 +223,7 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
 
 void DispatchCall::renew_lease_if_due(Clock::time_point now) {
   const int64_t at = renew_at_ns_.load(std::memory_order_relaxed);
-  const int64_t now_ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  const int64_t now_ns = steady_ns(now);
   if (at == 0 || now_ns < at) return;
   std::shared_ptr<WorkerEndpoint> decode;
   uint64_t id = 0;
@@ -429,9 +425,7 @@ void DispatchCall::on_stream_event(TokenStream& stream, v1::TokenEvent& event) {
 
 void DispatchCall::deliver_streamed(PoolRole role, v1::TokenEvent& event) {
   // Every event moves the idle deadline (unless the watchdog has already fired).
-  const int64_t next = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           (Clock::now() + core_->options.timeouts.stream_idle).time_since_epoch())
-                           .count();
+  const int64_t next = steady_ns(Clock::now() + core_->options.timeouts.stream_idle);
   int64_t cur = watch_deadline_ns_.load(std::memory_order_relaxed);
   while (cur != 0 &&
          !watch_deadline_ns_.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {

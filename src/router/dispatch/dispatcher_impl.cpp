@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "cleave/common/log.h"
@@ -43,24 +44,25 @@ class DispatcherImpl final : public Dispatcher {
       return ResourceExhausted(fmt::format(
           "the router's queue is full: {} requests are in flight (queue_limit)", limit));
     }
-    // Behind the requests already waiting for room on a prefill worker, in arrival order.
-    const bool queue = core_->has_waiting();
-    bool busy = false;
-    Result<Assignment> workers = Unavailable("");
-    if (!queue) {
-      workers = core_->pools.choose(request.prompt, {},
-                                    static_cast<int64_t>(request.prompt.size()), &busy);
-      if (!workers.ok() && !busy) {
+    // Queued (empty) behind the requests already waiting for room on a prefill worker, in
+    // arrival order, or when no prefill worker has room for it now.
+    std::optional<Assignment> workers;
+    if (!core_->has_waiting()) {
+      bool busy = false;
+      auto chosen = core_->pools.choose(request.prompt, {},
+                                        static_cast<int64_t>(request.prompt.size()), &busy);
+      if (!chosen.ok() && !busy) {
         core_->admitted.fetch_sub(1, std::memory_order_acq_rel);
-        return workers.status();
+        return chosen.status();
       }
+      if (chosen.ok()) workers = std::move(*chosen);
     }
     auto call = std::make_shared<DispatchCall>(core_, std::move(request), std::move(observer));
     core_->add_call(call);
-    if (queue || busy) {
-      call->start_queued();
-    } else {
+    if (workers) {
       call->start(std::move(*workers));
+    } else {
+      call->start_queued();
     }
     return std::shared_ptr<DispatchHandle>(call);
   }

@@ -62,7 +62,7 @@ class ReservationTable {
   struct Taken {
     Outcome outcome = Outcome::kNotFound;
     int64_t num_tokens = 0;
-    std::chrono::milliseconds lease{0};  // the last one: the first, or the last renewal's
+    std::chrono::milliseconds lease{0};  // kExpired: the last renewal's (if any); else the first
     int renewals = 0;
     uint64_t notice_value = 0;  // what the filling notice carried (kFilled)
   };

@@ -270,9 +270,8 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
     switch (taken->outcome) {
       case Outcome::kFilled:
         break;
-      case Outcome::kExpired:
+      case Outcome::kExpired: {
         // The engine's ledger ended the reservation (blocks back, counted) and told the table.
-      {
         const std::string why =
             taken->renewals == 0
                 ? fmt::format("request {}: the KV did not arrive within the lease of {} ms", id_,

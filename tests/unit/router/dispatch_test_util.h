@@ -273,10 +273,8 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = 10s) {
   return pred();
 }
 
-// A test suite with the synthetic model (synth_path) loaded once: Generator's output for a
-// prompt alone is the reference a dispatched request must equal.
-// A suite that loads the model at Path() once: its tokenizer, and Generator's runs of it (what
-// workers serving it must give).
+// A test suite with the model at Path() loaded once: its tokenizer, and Generator's output for
+// a prompt alone, the reference a dispatched request must equal.
 template <std::string (*Path)()>
 class ModelSuiteTest : public ::testing::Test {
  protected:
