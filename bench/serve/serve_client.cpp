@@ -1,9 +1,13 @@
 // Keep-alive connections and streamed completions over Boost.Beast coroutines.
 #include "serve_client.h"
 
+#include <sys/socket.h>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
+
+#include <cerrno>
 
 #include <fmt/format.h>
 
@@ -15,6 +19,14 @@ constexpr size_t kReadChunk = 16 * 1024;
 
 double seconds_since(Clock::time_point t0, Clock::time_point t) {
   return std::chrono::duration<double>(t - t0).count();
+}
+
+// An idle keep-alive connection can carry a request when nothing is waiting on it: no end of
+// stream (the server closed it), no error, no unsolicited bytes.
+bool reusable(beast::tcp_stream& s) {
+  char byte = 0;
+  const ssize_t r = ::recv(s.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
 std::string address_text(const HttpTarget& t) { return fmt::format("{}:{}", t.url.host, t.url.port); }
@@ -53,11 +65,16 @@ Result<HttpTarget> resolve_target(const BaseUrl& url, const std::string& api_key
 }
 
 net::awaitable<Result<std::unique_ptr<beast::tcp_stream>>> ConnectionPool::acquire(
-    Clock::time_point deadline, bool* reused) {
+    Clock::time_point deadline, bool allow_reuse, bool* reused) {
   *reused = false;
-  if (!idle_.empty()) {
+  while (allow_reuse && !idle_.empty()) {
     auto s = std::move(idle_.back());
     idle_.pop_back();
+    if (!reusable(*s)) {  // the server closed it meanwhile (its keep-alive timeout)
+      beast::error_code ignored;
+      s->socket().close(ignored);
+      continue;
+    }
     *reused = true;
     co_return std::move(s);
   }
@@ -90,13 +107,14 @@ net::awaitable<RequestRecord> stream_completion(ConnectionPool& pool, const Http
                                                 const std::string& path, const std::string& body,
                                                 int64_t input_len, Clock::time_point t0,
                                                 Clock::time_point deadline) {
-  // A reused keep-alive connection the server closed meanwhile fails before any byte of the
-  // response: that attempt is repeated once on a new connection, timed from the new send.
+  // A reused keep-alive connection the server closes as the request goes out fails before any
+  // byte of the response: that attempt is repeated once on a new connection (never on another
+  // idle one, which may be as old), timed from the new send.
   for (int attempt = 0;; ++attempt) {
     bool reused = false;
     const auto sent = Clock::now();
     SseTimeline timeline(seconds_since(t0, sent), input_len);
-    auto conn = co_await pool.acquire(deadline, &reused);
+    auto conn = co_await pool.acquire(deadline, /*allow_reuse=*/attempt == 0, &reused);
     if (!conn.ok()) co_return timeline.finish(0, conn.status().message());
     auto stream = std::move(*conn);
     stream->expires_at(deadline);

@@ -31,13 +31,15 @@ struct HttpTarget {
 // Resolves the host of `url` (synchronously, once).
 Result<HttpTarget> resolve_target(const BaseUrl& url, const std::string& api_key);
 
-// Idle keep-alive connections, reused most recent first.
+// Idle keep-alive connections, reused most recent first; one the server has closed is dropped
+// when it comes up.
 class ConnectionPool {
  public:
   explicit ConnectionPool(const HttpTarget& target) : target_(target) {}
-  // An idle connection (reused = true), or a new one; an error names the address.
+  // An idle connection still open (reused = true) when `allow_reuse`, else a new one; an error
+  // names the address.
   net::awaitable<Result<std::unique_ptr<beast::tcp_stream>>> acquire(Clock::time_point deadline,
-                                                                      bool* reused);
+                                                                      bool allow_reuse, bool* reused);
   void release(std::unique_ptr<beast::tcp_stream> stream);
   void close_all();
 

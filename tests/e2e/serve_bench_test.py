@@ -5,7 +5,8 @@ the requests sent and with the server's own counters (cleave:prompt_tokens_total
 cleave:generation_tokens_total), the progress bar, and the concurrency cap; a chat run on the
 agentic preset and a replay of a Mooncake trace slice (when ../shared has it) complete; bad flags
 fail with a message naming the value; and HEAD /metrics leaves the keep-alive connection intact
-(AIPerf's probe). Every load is a few dozen requests with small max_tokens, bounded by
+(AIPerf's probe); a server that closes idle connections fast (router.idle_timeout_ms) fails no
+request on them. Every load is a few dozen requests with small max_tokens, bounded by
 --max-duration.
 
 Usage: python3 serve_bench_test.py CLEAVE_BINARY MODELS_DIR
@@ -17,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import urllib.parse
 
@@ -240,6 +242,55 @@ class ServeBenchTest(unittest.TestCase):
                 self.assertEqual(json.loads(resp.read())["status"], "ok")
         finally:
             conn.close()
+
+
+class IdleConnectionTest(unittest.TestCase):
+    """A server that closes idle keep-alive connections quickly (router.idle_timeout_ms):
+    every idle connection the bench holds is closed when the next burst comes."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.serve = h.serve("--set", "router.idle_timeout_ms=300", name="serve-idle")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="cleave-bench-idle-")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.serve.stop()
+        cls.tmp.cleanup()
+
+    def test_server_closes_an_idle_connection(self):
+        u = urllib.parse.urlparse(self.serve.url)
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        try:
+            conn.request("GET", "/health")
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 200)
+            resp.read()
+            time.sleep(1.0)
+            conn.sock.settimeout(5)
+            self.assertEqual(conn.sock.recv(1), b"")  # closed by the server, not by the timeout
+        finally:
+            conn.close()
+
+    def test_bursts_after_idle_connections_closed(self):
+        # Three at once open three connections; 1.5 s later the server has closed all three, and
+        # the one request then must not fail on them (the bench drops them, or retries on a new
+        # connection, never on another idle one); the same again 1.5 s after it.
+        trace = os.path.join(self.tmp.name, "bursts.jsonl")
+        with open(trace, "w") as f:
+            for i, t in enumerate([0, 0, 0, 1500, 3000]):
+                f.write(json.dumps({"timestamp": t, "input_length": 48, "output_length": 4,
+                                    "hash_ids": [i]}) + "\n")
+        out = os.path.join(self.tmp.name, "bursts.json")
+        r = subprocess.run([h.CLEAVE, "bench", "serve", "--base-url", self.serve.url.rstrip("/"),
+                            "--dataset", "trace:" + trace, "--max-duration", "60",
+                            "--request-timeout", "30", "--no-progress", "--save-result", out],
+                           capture_output=True, text=True, timeout=90)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            j = json.load(f)
+        self.assertEqual(j["completed"], 5, j["errors"])
+        self.assertEqual(j["failed"], 0, j["errors"])
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ struct HttpServerOptions {
   uint64_t max_body_bytes = 16ull << 20;  // larger bodies: 413
   uint32_t max_header_bytes = 64u << 10;  // larger headers: 431
   // A keep-alive connection may wait this long for its next request.
-  std::chrono::milliseconds idle_timeout{60000};
+  std::chrono::milliseconds idle_timeout{75000};
   // From a request's first byte to the end of its header.
   std::chrono::milliseconds header_timeout{10000};
   // Receiving the body, once the header is in.

@@ -47,7 +47,7 @@ std::vector<std::string> split_comma_list(std::string_view text);
 Result<DispatcherOptions> dispatcher_options_from_config(const RouterSettings& router,
                                                          const PoolsSettings& pools);
 
-// The HTTP settings: router.host, port, io_threads, max_body_bytes, api_keys.
+// The HTTP settings: router.host, port, io_threads, max_body_bytes, idle_timeout_ms, api_keys.
 Result<HttpServerOptions> http_server_options_from_config(const RouterSettings& router);
 
 // The gRPC API's settings (router.host, grpc_port, api_keys, max_body_bytes);

@@ -37,6 +37,8 @@ struct RouterSettings {
   int64_t health_failures = 3;        // timed-out probes in a row before a worker leaves
   int64_t dns_refresh_ms = 10000;     // DNS names of the pools re-resolved this often
   int64_t max_body_bytes = 16ll << 20;  // larger request bodies: HTTP 413
+  // A keep-alive HTTP connection is closed after waiting this long for its next request.
+  int64_t idle_timeout_ms = 75000;
   std::string served_model_name;        // empty: the model's own name (else its file name)
 };
 

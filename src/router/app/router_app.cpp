@@ -97,6 +97,7 @@ Result<HttpServerOptions> http_server_options_from_config(const RouterSettings& 
   o.port = static_cast<int>(r.port);
   o.io_threads = static_cast<int>(r.io_threads);
   o.max_body_bytes = static_cast<uint64_t>(r.max_body_bytes);
+  o.idle_timeout = std::chrono::milliseconds(r.idle_timeout_ms);
   o.api_keys = split_comma_list(r.api_keys);
   CLEAVE_RETURN_IF_ERROR(validate_http_server_options(o));
   return o;

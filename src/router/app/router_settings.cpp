@@ -64,6 +64,10 @@ void register_router_settings(RouterSettings& rs, SettingsRegistry& r) {
             "Pools given by a DNS name (pools.*.dns) are re-resolved this often.", 100, 86400000);
   r.add_int("router.max_body_bytes", &rs.max_body_bytes,
             "Largest HTTP request body; larger ones get HTTP 413.", 1024, int64_t{1} << 32);
+  r.add_int("router.idle_timeout_ms", &rs.idle_timeout_ms,
+            "A keep-alive HTTP connection is closed after waiting this long for its next request "
+            "(behind a load balancer: longer than the balancer's own idle timeout).",
+            100, 3600000);
   r.add_string("router.served_model_name", &rs.served_model_name,
                "Model name of the API; empty = the model's own name (else its file name).",
                "--served-model-name");
