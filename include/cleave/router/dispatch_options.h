@@ -94,8 +94,10 @@ struct DispatcherOptions {
   // Disaggregated: the Decode stream opens right after Reserve, beside the Prefill (its first
   // token comes in the KV's notice; dispatch_call.h); false: after the Prefill's answer.
   bool early_decode = true;
-  // Disaggregated: the prompt tokens of this router's prefills in flight (from Reserve to the
-  // Prefill's answer) one prefill worker may have. A request that would exceed it on every
+  // Disaggregated: the prompt tokens of prefills in flight (from Reserve to the Prefill's
+  // answer) one prefill worker may have: this router's, plus the other routers' as the
+  // worker's last LoadReport showed them (LoadReport.prefill_tokens beyond this router's own
+  // at that probe). A request that would exceed it on every
   // prefill worker that could take it waits at the router, in arrival order, before its
   // Reserve, so that decode blocks are not reserved for prefills that only queue; a worker
   // with none in flight always takes one. The wait counts against timeouts.prefill; when that

@@ -16,8 +16,8 @@ struct RouterSettings {
   int64_t grpc_port = 8001;      // gRPC API port (same host); 0 picks a free port; -1: off
   std::string api_keys;          // comma-separated bearer tokens for /v1/; empty = no auth
   int64_t max_queue = 1024;      // requests admitted and unfinished; beyond: HTTP 429
-  // Disaggregated: prompt tokens of this router's prefills in flight per prefill worker; more
-  // wait at the router before reserving decode KV (0: no limit).
+  // Disaggregated: prompt tokens of prefills in flight per prefill worker (every router's);
+  // more wait at the router before reserving decode KV (0: no limit).
   int64_t prefill_queue_tokens = 8192;
   // Longest a request waits for its first token (queueing, prefill and KV transfer included).
   int64_t request_timeout_ms = 120000;

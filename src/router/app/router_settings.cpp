@@ -24,8 +24,9 @@ void register_router_settings(RouterSettings& rs, SettingsRegistry& r) {
             "Requests admitted and not yet finished; beyond it requests get HTTP 429.", 1,
             1 << 24, "--max-queue");
   r.add_int("router.prefill_queue_tokens", &rs.prefill_queue_tokens,
-            "Disaggregated: prompt tokens of this router's prefills in flight one prefill worker "
-            "may have; further requests wait at the router, in arrival order and within "
+            "Disaggregated: prompt tokens of prefills in flight one prefill worker may have "
+            "(this router's, and other routers' as the worker last reported them); further "
+            "requests wait at the router, in arrival order and within "
             "router.request_timeout_ms, before they reserve decode KV (a worker with none in "
             "flight always takes one); 0: no limit.",
             0, int64_t{1} << 40);

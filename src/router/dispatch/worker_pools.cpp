@@ -152,6 +152,7 @@ void WorkerPools::apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, Pro
   if (r.load_status.ok()) {
     m->load = std::move(r.load);
     m->inflight_at_load = worker->inflight.load(std::memory_order_relaxed);
+    m->prefill_tokens_at_load = worker->prefill_tokens.load(std::memory_order_relaxed);
   }
   // A probe whose every failure is a timeout: the worker is slow (busy), not gone.
   const auto timed_out_or_ok = [](const Status& s) {
@@ -218,6 +219,11 @@ WorkerCandidate WorkerPools::candidate(const Member& m) {
   return c;
 }
 
+int64_t WorkerPools::prefill_tokens_on(const Member& m) {
+  const int64_t others = m.load.prefill_tokens() - m.prefill_tokens_at_load;
+  return m.endpoint->prefill_tokens.load(std::memory_order_relaxed) + std::max<int64_t>(0, others);
+}
+
 std::vector<uint64_t> WorkerPools::block_hashes(PoolRole role,
                                                 std::span<const int32_t> prompt) const {
   int64_t block_size = 0;
@@ -239,7 +245,7 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
   const int64_t limit = options_.prefill_queue_tokens;
   auto has_room = [&](const Member& m) {
     if (limit <= 0) return true;
-    const int64_t in_flight = m.endpoint->prefill_tokens.load(std::memory_order_relaxed);
+    const int64_t in_flight = prefill_tokens_on(m);
     return in_flight == 0 || in_flight + prefill_tokens <= limit;
   };
   auto allowed = [&](const Member& m) {

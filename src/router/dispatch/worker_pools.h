@@ -49,7 +49,8 @@ struct WorkerEndpoint {
   // This router's requests using the worker now.
   std::atomic<int64_t> inflight{0};
   // A prefill worker: the prompt tokens (resume tokens included) of this router's prefills in
-  // flight on it, from the attempt's start to the Prefill's answer (prefill_queue_tokens).
+  // flight on it, from the attempt's start to the Prefill's answer (prefill_queue_tokens; the
+  // other routers' come from its LoadReport, see WorkerPools::choose).
   std::atomic<int64_t> prefill_tokens{0};
   // Its transfer engine's id (WorkerInfo), once a probe has fetched it; 0 before. A Reserve
   // names the chosen prefill worker's so that the decode worker takes its notice only.
@@ -100,7 +101,7 @@ class WorkerPools {
   // Workers for one attempt of a request with `prompt`, none of them in `excluded` (keys).
   // Unavailable (saying what is missing) when the pools cannot serve it now. Disaggregated,
   // with prefill_queue_tokens set: only a prefill worker with room for `prefill_tokens` more
-  // (or none in flight) is chosen; when every one that could take the request lacks only that,
+  // (or none in flight), counting every router's prefills on it, is chosen; when every one that could take the request lacks only that,
   // *busy is set and the status is ResourceExhausted (the caller waits for room).
   Result<Assignment> choose(std::span<const int32_t> prompt, std::span<const uint64_t> excluded,
                             int64_t prefill_tokens, bool* busy);
@@ -126,6 +127,7 @@ class WorkerPools {
     v1::WorkerInfo info;
     v1::LoadReport load;
     int64_t inflight_at_load = 0;  // endpoint->inflight when `load` was taken
+    int64_t prefill_tokens_at_load = 0;  // endpoint->prefill_tokens then
     std::string not_ready_why;     // last reason, logged on change
     int slow_probes = 0;           // probes in a row that timed out while ready
   };
@@ -137,6 +139,9 @@ class WorkerPools {
   Pool& pool(PoolRole role) { return pools_[static_cast<int>(role)]; }
   const Pool& pool(PoolRole role) const { return pools_[static_cast<int>(role)]; }
   Member* find(const std::shared_ptr<WorkerEndpoint>& worker);
+  // Prompt tokens in flight on prefill worker `m` from every router: this router's now, plus
+  // the other routers' as its last probe found them (what it reported beyond ours then).
+  static int64_t prefill_tokens_on(const Member& m);
   void set_ready(Member& m, bool ready, const std::string& why);
   void forget_worker(uint64_t key);
   void update_pairings();

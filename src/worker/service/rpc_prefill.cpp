@@ -43,6 +43,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
         req_(req),
         out_(out),
         id_(req.request_id()),
+        tokens_(static_cast<int64_t>(req.prompt_tokens_size() + req.resume_tokens_size())),
         start_(Clock::now()) {}
 
   void adopt() { self_ = shared_from_this(); }
@@ -55,6 +56,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
         return;
       }
       core_.calls_in_flight.fetch_add(1);
+      core_.prefill_tokens.fetch_add(tokens_, std::memory_order_relaxed);
       counted_ = true;
       if (Status d = core_.refuse_if_draining("Prefill"); !d.ok()) {
         finish(d);
@@ -103,9 +105,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     }
     auto sender = KvSender::create(*core_.transfer, *peer, core_.kv_region,
                                    core_.engine->kv_layout(), core_.model_fingerprint,
-                                   std::move(*dest),
-                                   static_cast<int64_t>(req_.prompt_tokens_size() +
-                                                        req_.resume_tokens_size()));
+                                   std::move(*dest), tokens_);
     if (!sender.ok()) return sender.status().with_context(fmt::format("request {}", id_));
     kv_ = std::move(*sender);
     // The Decode is open already: the notice waits for the first token and carries it.
@@ -287,7 +287,10 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
     deadline_alarm_.Cancel();
     grace_alarm_.Cancel();
     if (kv_) core_.remove_sender(id_, kv_.get());
-    if (counted_) core_.calls_in_flight.fetch_sub(1);
+    if (counted_) {
+      core_.prefill_tokens.fetch_sub(tokens_, std::memory_order_relaxed);
+      core_.calls_in_flight.fetch_sub(1);
+    }
     Finish(count_rpc(core_, "Prefill", to_grpc(s)));
   }
 
@@ -335,6 +338,7 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
   const v1::PrefillRequest& req_;  // gRPC's, valid until OnDone
   v1::PrefillResponse* const out_;
   const RequestId id_;
+  const int64_t tokens_;  // prompt + resume tokens, in core_.prefill_tokens while counted_
   const Clock::time_point start_;
   std::string address_;        // the decode worker's transfer address
   std::string decode_worker_;  // its id

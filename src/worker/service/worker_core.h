@@ -58,6 +58,8 @@ struct WorkerCore {
   std::atomic<bool> draining{false};
   // Prefill, Decode and Generate calls not yet ended.
   std::atomic<int64_t> calls_in_flight{0};
+  // Prompt tokens (resume tokens included) of the Prefill calls not yet ended (LoadReport).
+  std::atomic<int64_t> prefill_tokens{0};
 
   // UNAVAILABLE naming the worker when it is draining, else OK.
   Status refuse_if_draining(std::string_view rpc) const;

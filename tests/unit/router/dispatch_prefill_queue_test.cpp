@@ -2,7 +2,8 @@
 // decode workers: requests beyond it wait at the router before their Reserve, so the decode
 // worker holds reservations only for prefills that run, and they complete with the tokens of
 // each alone; a request that waits past timeouts.prefill fails RESOURCE_EXHAUSTED naming the
-// setting; a queued request that is cancelled, or whose dispatcher shuts down, ends at once;
+// setting; the room counts other routers' prefills on the worker (its LoadReport); a queued
+// request that is cancelled, or whose dispatcher shuts down, ends at once;
 // every block comes back and the queue gauge ends at 0.
 #include <gtest/gtest.h>
 
@@ -111,6 +112,55 @@ TEST_F(DispatchPrefillQueueTest, RequestsBeyondTheRoomWaitBeforeReservingDecodeK
   EXPECT_EQ(sample(after, "cleave:router_prefill_queue_requests"), 0) << after;
   EXPECT_EQ(sample(after, "cleave:router_prefill_queue_seconds_count"), 3) << after;
   expect_each_alone_the_same(**d, ps, runs);
+  expect_blocks_back(*prefill_.client, "prefill");
+  expect_blocks_back(*decode_.client, "decode");
+}
+
+TEST_F(DispatchPrefillQueueTest, TheRoomCountsTheOtherRoutersPrefills) {
+  // Two routers over the same workers, room for one 900-token prompt: the second router's
+  // request waits for the first router's prefill (known from the worker's LoadReport).
+  auto a = make_dispatcher(options(1000));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  metrics::MetricsRegistry registry_b;
+  DispatcherOptions ob = options(1000);
+  ob.metrics = &registry_b;
+  auto b = make_dispatcher(ob);
+  ASSERT_TRUE(b.ok()) << b.status().to_string();
+  ASSERT_TRUE((*a)->wait_ready(10s));
+  ASSERT_TRUE((*b)->wait_ready(10s));
+  const auto ps = prompts(2, 900);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> most_tokens{0};
+  std::thread watch([&] {
+    while (!done.load()) {
+      if (auto l = prefill_.client->load(); l.ok()) {
+        int64_t seen = most_tokens.load();
+        while (l->prefill_tokens() > seen && !most_tokens.compare_exchange_weak(seen, l->prefill_tokens())) {
+        }
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  std::vector<Submitted> runs;
+  runs.push_back(submit(**a, ps[0], greedy(4)));
+  // Router B's probes (every 100 ms) have seen the prefill in the worker's engine.
+  ASSERT_TRUE(eventually([&] {
+    const auto p = (*b)->pools();
+    return !p.empty() && p[0].waiting + p[0].running > 0;
+  }, 20s)) << "router B never saw the prefill in flight";
+  runs.push_back(submit(**b, ps[1], greedy(4)));
+  const std::string queued_b = registry_b.render();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    ASSERT_TRUE(runs[i].observer->wait_end(60s)) << "request " << i << " hangs";
+    ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
+  }
+  done = true;
+  watch.join();
+  EXPECT_EQ(sample(queued_b, "cleave:router_prefill_queue_requests"), 1) << queued_b;
+  EXPECT_EQ(sample(registry_b.render(), "cleave:router_prefill_queue_seconds_count"), 1);
+  // One prompt at a time on the worker: without the report both run at once (1800 tokens).
+  EXPECT_EQ(most_tokens.load(), static_cast<int64_t>(ps[0].size()));
+  expect_each_alone_the_same(**a, ps, runs);
   expect_blocks_back(*prefill_.client, "prefill");
   expect_blocks_back(*decode_.client, "decode");
 }
