@@ -97,10 +97,9 @@ struct DispatcherOptions {
   // Disaggregated: the prompt tokens of prefills in flight (from Reserve to the Prefill's
   // answer) one prefill worker may have: this router's, plus the other routers' as the
   // worker's last LoadReport showed them (LoadReport.prefill_tokens beyond this router's own
-  // at that probe). A request that would exceed it on every
-  // prefill worker that could take it waits at the router, in arrival order, before its
-  // Reserve, so that decode blocks are not reserved for prefills that only queue; a worker
-  // with none in flight always takes one. The wait counts against timeouts.prefill; when that
+  // at that probe). A request that would exceed it on every prefill worker that could take it
+  // waits at the router, in arrival order, before its Reserve, so that decode blocks are not
+  // reserved for prefills that only queue; a worker with none in flight always takes one. The wait counts against timeouts.prefill; when that
   // passes the request fails RESOURCE_EXHAUSTED. 0: no limit (Reserve at once).
   int64_t prefill_queue_tokens = 8192;
   DispatchTimeouts timeouts;

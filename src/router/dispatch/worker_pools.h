@@ -101,8 +101,9 @@ class WorkerPools {
   // Workers for one attempt of a request with `prompt`, none of them in `excluded` (keys).
   // Unavailable (saying what is missing) when the pools cannot serve it now. Disaggregated,
   // with prefill_queue_tokens set: only a prefill worker with room for `prefill_tokens` more
-  // (or none in flight), counting every router's prefills on it, is chosen; when every one that could take the request lacks only that,
-  // *busy is set and the status is ResourceExhausted (the caller waits for room).
+  // (or none in flight), counting every router's prefills on it, is chosen; when every one
+  // that could take the request lacks only that, *busy is set and the status is
+  // ResourceExhausted (the caller waits for room).
   Result<Assignment> choose(std::span<const int32_t> prompt, std::span<const uint64_t> excluded,
                             int64_t prefill_tokens, bool* busy);
 

@@ -37,6 +37,30 @@ double sample(const std::string& text, const std::string& name) {
   return std::stod(text.substr(at + key.size() - 1));
 }
 
+// The most one figure of a worker's LoadReport reached while this lives (polled every 5 ms).
+class MostSeen {
+ public:
+  MostSeen(WorkerClient& client, int64_t (v1::LoadReport::*figure)() const)
+      : thread_([this, &client, figure] {
+          while (!done_.load()) {
+            if (auto l = client.load(); l.ok()) most_ = std::max(most_, ((*l).*figure)());
+            std::this_thread::sleep_for(5ms);
+          }
+        }) {}
+  ~MostSeen() { stop(); }
+  // Stops polling; the most seen.
+  int64_t stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+    return most_;
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  int64_t most_ = 0;  // the polling thread's; read once it has ended
+  std::thread thread_;
+};
+
 class DispatchPrefillQueueTest : public SlowModelTest {
  protected:
   static std::vector<std::vector<int32_t>> prompts(int n, int64_t len) {
@@ -80,18 +104,7 @@ TEST_F(DispatchPrefillQueueTest, RequestsBeyondTheRoomWaitBeforeReservingDecodeK
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   ASSERT_TRUE((*d)->wait_ready(10s));
   const auto ps = prompts(4, 900);
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> most_reservations{0};
-  std::thread watch([&] {
-    while (!done.load()) {
-      if (auto l = decode_.client->load(); l.ok()) {
-        int64_t seen = most_reservations.load();
-        while (l->reservations() > seen && !most_reservations.compare_exchange_weak(seen, l->reservations())) {
-        }
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-  });
+  MostSeen reservations(*decode_.client, &v1::LoadReport::reservations);
   std::vector<Submitted> runs;
   for (const auto& p : ps) runs.push_back(submit(**d, p, greedy(4)));
   const std::string queued = registry_.render();
@@ -99,15 +112,14 @@ TEST_F(DispatchPrefillQueueTest, RequestsBeyondTheRoomWaitBeforeReservingDecodeK
     ASSERT_TRUE(runs[i].observer->wait_end(60s)) << "request " << i << " hangs";
     ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
   }
-  done = true;
-  watch.join();
+  const int64_t most_reservations = reservations.stop();
   // The three behind the first waited at the router, not in the decode worker's pool.
   EXPECT_EQ(sample(queued, "cleave:router_prefill_queue_requests"), 3) << queued;
   // One prefill at a time; a second reservation can show only for the moment between the last
   // one's KV in place (the Prefill answered, the next request reserved) and the decode engine
   // taking it up. Without the room all four reserve at once.
-  EXPECT_LE(most_reservations.load(), 2) << "reservations were made for prefills that only queued";
-  EXPECT_GE(most_reservations.load(), 1);
+  EXPECT_LE(most_reservations, 2) << "reservations were made for prefills that only queued";
+  EXPECT_GE(most_reservations, 1);
   const std::string after = registry_.render();
   EXPECT_EQ(sample(after, "cleave:router_prefill_queue_requests"), 0) << after;
   EXPECT_EQ(sample(after, "cleave:router_prefill_queue_seconds_count"), 3) << after;
@@ -129,18 +141,7 @@ TEST_F(DispatchPrefillQueueTest, TheRoomCountsTheOtherRoutersPrefills) {
   ASSERT_TRUE((*a)->wait_ready(10s));
   ASSERT_TRUE((*b)->wait_ready(10s));
   const auto ps = prompts(2, 900);
-  std::atomic<bool> done{false};
-  std::atomic<int64_t> most_tokens{0};
-  std::thread watch([&] {
-    while (!done.load()) {
-      if (auto l = prefill_.client->load(); l.ok()) {
-        int64_t seen = most_tokens.load();
-        while (l->prefill_tokens() > seen && !most_tokens.compare_exchange_weak(seen, l->prefill_tokens())) {
-        }
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-  });
+  MostSeen tokens(*prefill_.client, &v1::LoadReport::prefill_tokens);
   std::vector<Submitted> runs;
   runs.push_back(submit(**a, ps[0], greedy(4)));
   // Router B's probes (every 100 ms) have seen the prefill in the worker's engine.
@@ -154,12 +155,11 @@ TEST_F(DispatchPrefillQueueTest, TheRoomCountsTheOtherRoutersPrefills) {
     ASSERT_TRUE(runs[i].observer->wait_end(60s)) << "request " << i << " hangs";
     ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
   }
-  done = true;
-  watch.join();
+  const int64_t most_tokens = tokens.stop();
   EXPECT_EQ(sample(queued_b, "cleave:router_prefill_queue_requests"), 1) << queued_b;
   EXPECT_EQ(sample(registry_b.render(), "cleave:router_prefill_queue_seconds_count"), 1);
   // One prompt at a time on the worker: without the report both run at once (1800 tokens).
-  EXPECT_EQ(most_tokens.load(), static_cast<int64_t>(ps[0].size()));
+  EXPECT_EQ(most_tokens, static_cast<int64_t>(ps[0].size()));
   expect_each_alone_the_same(**a, ps, runs);
   expect_blocks_back(*prefill_.client, "prefill");
   expect_blocks_back(*decode_.client, "decode");
