@@ -77,7 +77,17 @@ Result<SweepResult> run_sweep(const ServeBenchOptions& base, const SweepOptions&
   const auto started = std::chrono::steady_clock::now();
   SweepResult out;
   int step = 0;
+  std::vector<SweepPoint> known = s.known;
   const auto measure = [&](double rate) -> Result<SweepPoint> {
+    for (auto it = known.begin(); it != known.end(); ++it) {
+      if (it->rate == rate) {
+        SweepPoint p = *it;
+        known.erase(it);
+        out.points.push_back(p);
+        if (on_point) on_point(p);
+        return p;
+      }
+    }
     CLEAVE_ASSIGN_OR_RETURN(Workload w, make_workload(step++, rate));
     retime_arrivals(&w, rate);
     ServeBenchOptions o = base;

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -167,13 +168,11 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
   TuneResult result;
   int step = 0;
 
-  const auto measure = [&](TuneRow& row, double best_rate, double best_goodput) -> Status {
-    if (elapsed_min() > o.budget_minutes) {
-      row.skipped = true;
-      row.note = "skipped: the budget of minutes ran out";
-      return Status::Ok();
-    }
-    const auto yaml = dir / fmt::format("candidate-{}.yaml", result.rows.size());
+  // Runs `fn` against a `cleave serve` of the row's candidate; a candidate that does not start
+  // or serves no model gets a note instead.
+  const auto with_serve = [&](TuneRow& row,
+                              const std::function<Status(const ServeBenchOptions&)>& fn) -> Status {
+    const auto yaml = dir / fmt::format("candidate-{}.yaml", &row - result.rows.data());
     std::ofstream(yaml) << candidate_yaml(row.candidate, o.model);
     auto serve = ServeProcess::start(o.cleave_binary, yaml.string(), std::chrono::seconds(180));
     if (!serve.ok()) {
@@ -188,72 +187,110 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
       return Status::Ok();
     }
     b.model = *model;
-    const auto make = [&](int, double rate) {
-      return workload_for_rate(o.workload, step++, rate, o.min_run_seconds, o.max_prompts_per_run);
-    };
-    row.measured = true;
-    if (best_rate > 0) {
-      // Pruning: one run at the best candidate's rate; clearly worse (under half its goodput)
-      // is dropped.
-      SweepOptions probe = o.sweep;
-      probe.rates = {best_rate};
-      CLEAVE_ASSIGN_OR_RETURN(SweepResult first, run_sweep(b, probe, make));
-      const double g = rate_goodput(first.points.front());
-      if (g < 0.5 * best_goodput) {
-        row.pruned = true;
-        row.sweep = first;
-        row.goodput = first.best_rate > 0 ? g : 0;
-        row.note = fmt::format("pruned: {:.3f} req/s goodput at {:.3f} req/s, under half the best",
-                               g, best_rate);
-        return (*serve)->stop();
-      }
-    }
-    SweepOptions s = o.sweep;
-    if (best_rate > 0) s.start_rate = best_rate;
-    CLEAVE_ASSIGN_OR_RETURN(row.sweep, run_sweep(b, s, make));
-    for (const auto& p : row.sweep.points) {
-      if (p.rate == row.sweep.best_rate) row.goodput = rate_goodput(p);
-    }
-    if (row.sweep.best_rate == 0) row.note = "no rate met the SLOs";
+    CLEAVE_RETURN_IF_ERROR(fn(b));
     return (*serve)->stop();
+  };
+  const auto make = [&](int, double rate) {
+    return workload_for_rate(o.workload, step++, rate, o.min_run_seconds, o.max_prompts_per_run);
+  };
+  const auto out_of_budget = [&](TuneRow& row, const char* what) {
+    if (elapsed_min() <= o.budget_minutes) return false;
+    row.skipped = true;
+    row.note = fmt::format("{}: the budget of minutes ran out", what);
+    return true;
   };
   const auto best_so_far = [&]() -> int {
     int best = -1;
     for (size_t i = 0; i < result.rows.size(); ++i) {
       const auto& r = result.rows[i];
-      if (!r.measured || r.pruned || r.sweep.best_rate <= 0) continue;
+      if (!r.swept || r.sweep.best_rate <= 0) continue;
       if (best < 0 || r.goodput > result.rows[static_cast<size_t>(best)].goodput) best = static_cast<int>(i);
     }
     return best;
   };
-  const auto try_candidate = [&](TuneCandidate c) -> Status {
-    for (const auto& r : result.rows) {
-      if (r.candidate.settings == c.settings) return Status::Ok();  // measured already
+
+  // One group of candidates (the modes, or the values of one later dimension), breadth first:
+  // each is probed with one run at `probe_rate`, then they are swept from that rate in the order
+  // of their probes' goodput, best first, while the budget lasts (the probe is the sweep's first
+  // point). A probe under half the best goodput known at that rate (`known_goodput`, or the
+  // group's best probe) prunes its candidate. So a budget that runs out in the first sweep has
+  // still measured every candidate of the group once, and sweeps the likeliest winner first.
+  const auto run_group = [&](std::vector<TuneCandidate> group, double probe_rate,
+                             double known_goodput) -> Status {
+    std::vector<size_t> idx;
+    for (auto& c : group) {
+      bool seen = false;
+      for (const auto& r : result.rows) seen = seen || r.candidate.settings == c.settings;
+      if (seen || static_cast<int>(result.rows.size()) >= o.max_candidates) continue;
+      TuneRow row;
+      row.candidate = std::move(c);
+      result.rows.push_back(std::move(row));
+      idx.push_back(result.rows.size() - 1);
     }
-    if (static_cast<int>(result.rows.size()) >= o.max_candidates) return Status::Ok();
-    const int best = best_so_far();
-    const double rate = best >= 0 ? result.rows[static_cast<size_t>(best)].sweep.best_rate : 0;
-    const double goodput = best >= 0 ? result.rows[static_cast<size_t>(best)].goodput : 0;
-    TuneRow row;
-    row.candidate = std::move(c);
-    result.rows.push_back(std::move(row));
-    std::fprintf(stderr, "cleave tune: candidate %zu: %s\n", result.rows.size(),
-                 result.rows.back().candidate.name.c_str());
-    return measure(result.rows.back(), rate, goodput);
+    for (const size_t i : idx) {
+      TuneRow& row = result.rows[i];
+      if (out_of_budget(row, "skipped")) continue;
+      std::fprintf(stderr, "cleave tune: candidate %zu: %s: probe at %.3f req/s\n", i + 1,
+                   row.candidate.name.c_str(), probe_rate);
+      CLEAVE_RETURN_IF_ERROR(with_serve(row, [&](const ServeBenchOptions& b) -> Status {
+        SweepOptions probe = o.sweep;
+        probe.rates = {probe_rate};
+        CLEAVE_ASSIGN_OR_RETURN(SweepResult first, run_sweep(b, probe, make));
+        row.probe = first.points.front();
+        return Status::Ok();
+      }));
+      if (row.probe) known_goodput = std::max(known_goodput, rate_goodput(*row.probe));
+    }
+    const auto order = [&](size_t a, size_t b) {
+      const auto& pa = result.rows[a].probe;
+      const auto& pb = result.rows[b].probe;
+      if (!pa || !pb) return pa.has_value() && !pb.has_value();
+      if (rate_goodput(*pa) != rate_goodput(*pb)) return rate_goodput(*pa) > rate_goodput(*pb);
+      return pa->metrics.e2el.median < pb->metrics.e2el.median;  // the same goodput: less latency
+    };
+    std::stable_sort(idx.begin(), idx.end(), order);
+    for (const size_t i : idx) {
+      TuneRow& row = result.rows[i];
+      if (!row.probe) continue;
+      const double g = rate_goodput(*row.probe);
+      if (g < 0.5 * known_goodput) {
+        row.pruned = true;
+        row.note = fmt::format("pruned: {:.3f} req/s goodput at {:.3f} req/s, under half the best",
+                               g, probe_rate);
+        continue;
+      }
+      if (out_of_budget(row, "not swept")) continue;
+      std::fprintf(stderr, "cleave tune: candidate %zu: %s: sweep\n", i + 1, row.candidate.name.c_str());
+      CLEAVE_RETURN_IF_ERROR(with_serve(row, [&](const ServeBenchOptions& b) -> Status {
+        SweepOptions s = o.sweep;
+        s.start_rate = probe_rate;
+        s.known = {*row.probe};
+        CLEAVE_ASSIGN_OR_RETURN(row.sweep, run_sweep(b, s, make));
+        row.swept = true;
+        for (const auto& p : row.sweep.points) {
+          if (p.rate == row.sweep.best_rate) row.goodput = rate_goodput(p);
+        }
+        if (row.sweep.best_rate == 0) row.note = "no rate met the SLOs";
+        return Status::Ok();
+      }));
+    }
+    return Status::Ok();
   };
 
-  for (auto& c : mode_candidates(o.workers)) CLEAVE_RETURN_IF_ERROR(try_candidate(std::move(c)));
+  CLEAVE_RETURN_IF_ERROR(run_group(mode_candidates(o.workers), o.sweep.start_rate, 0));
   for (const auto& d : later_dimensions()) {
     const int best = best_so_far();
     if (best < 0) break;
-    const Settings base = result.rows[static_cast<size_t>(best)].candidate.settings;
+    const TuneRow& base = result.rows[static_cast<size_t>(best)];
+    std::vector<TuneCandidate> group;
     for (const auto& v : d.values) {
-      Settings s = base;
+      Settings s = base.candidate.settings;
       // The first value is the default: the base measured it already (when it left it unset).
       if (v == d.values.front() && get(s, d.key).empty()) continue;
       set(&s, d.key, v);
-      CLEAVE_RETURN_IF_ERROR(try_candidate({describe(s), s}));
+      group.push_back({describe(s), s});
     }
+    CLEAVE_RETURN_IF_ERROR(run_group(std::move(group), base.sweep.best_rate, base.goodput));
   }
   result.best = best_so_far();
   if (result.best >= 0) {
@@ -298,14 +335,17 @@ Result<TuneResult> run_tune(const TuneOptions& o) {
 }
 
 std::string tune_table(const TuneResult& r) {
-  std::string out = "| # | candidate | best rate (req/s) | goodput (req/s) | runs | status |\n"
-                    "|---|---|---:|---:|---:|---|\n";
+  std::string out = "| # | candidate | probe: goodput at rate (req/s) | best rate (req/s) | goodput (req/s) "
+                    "| runs | status |\n|---|---|---:|---:|---:|---:|---|\n";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const auto& row = r.rows[i];
-    std::string status = row.note.empty() ? "measured" : row.note;
+    std::string status = row.note.empty() ? (row.swept ? "swept" : "probed") : row.note;
     if (static_cast<int>(i) == r.best) status = "**recommended**";
-    out += fmt::format("| {} | {} | {:.3f} | {:.3f} | {} | {} |\n", i + 1, row.candidate.name,
-                       row.sweep.best_rate, row.goodput, row.sweep.points.size(), status);
+    const std::string probe =
+        row.probe ? fmt::format("{:.3f} at {:.3f}", rate_goodput(*row.probe), row.probe->rate) : "-";
+    const size_t runs = row.swept ? row.sweep.points.size() : (row.probe ? 1 : 0);
+    out += fmt::format("| {} | {} | {} | {:.3f} | {:.3f} | {} | {} |\n", i + 1, row.candidate.name,
+                       probe, row.sweep.best_rate, row.goodput, runs, status);
   }
   if (r.best >= 0) {
     out += fmt::format(
@@ -325,8 +365,13 @@ std::string tune_svg(const TuneResult& r, const std::string& title) {
   const int n = static_cast<int>(r.rows.size());
   const int bar = 48, gap = 24, left = 70, top = 50, height = 260, bottom = 170;
   const int width = left + n * (bar + gap) + gap;
+  // A candidate that was only probed (pruned, or the budget ran out before its sweep) shows its
+  // probe's goodput, in grey.
+  const auto shown = [](const TuneRow& row) {
+    return row.swept || !row.probe ? row.goodput : rate_goodput(*row.probe);
+  };
   double max_g = 0;
-  for (const auto& row : r.rows) max_g = std::max(max_g, row.goodput);
+  for (const auto& row : r.rows) max_g = std::max(max_g, shown(row));
   if (max_g <= 0) max_g = 1;
   const auto esc = [](const std::string& s) {
     std::string o;
@@ -356,16 +401,17 @@ std::string tune_svg(const TuneResult& r, const std::string& title) {
                    top + height / 2 + 40, top + height / 2 + 40);
   for (int i = 0; i < n; ++i) {
     const auto& row = r.rows[static_cast<size_t>(i)];
-    const int h = static_cast<int>(height * row.goodput / max_g);
+    const int h = static_cast<int>(height * shown(row) / max_g);
     const int x = left + gap + i * (bar + gap);
-    const char* color = i == r.best ? "#2b8a3e" : (row.pruned || row.skipped ? "#adb5bd" : "#4263eb");
+    const char* color = i == r.best ? "#2b8a3e" : (row.swept ? "#4263eb" : "#adb5bd");
     s += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/>\n", x,
                      top + height - h, bar, h, color);
     s += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{:.2f}</text>\n", x + bar / 2,
-                     top + height - h - 4, row.goodput);
+                     top + height - h - 4, shown(row));
     const int ly = top + height + 14;
     s += fmt::format("<text x=\"{0}\" y=\"{1}\" transform=\"rotate(40 {0} {1})\">{2}</text>\n",
-                     x + 4, ly, esc(fmt::format("{}. {}", i + 1, row.candidate.name)));
+                     x + 4, ly, esc(fmt::format("{}. {}{}", i + 1, row.candidate.name,
+                                     row.swept || !row.probe ? "" : " (probe)")));
   }
   s += "</svg>\n";
   return s;

@@ -30,6 +30,11 @@ class ServeTuneTest(unittest.TestCase):
             self.assertIn("**recommended**", r.stdout)
             self.assertIn("Confirmation run:", r.stdout)
             self.assertIn("The search took", r.stdout)
+            # Breadth first: both candidates are probed before either is swept.
+            steps = [l.split(": ")[-1] for l in r.stderr.splitlines()
+                     if l.startswith("cleave tune: candidate")]
+            self.assertEqual([s.split(" at ")[0] for s in steps][:2], ["probe", "probe"], r.stderr)
+            self.assertIn("sweep", steps, r.stderr)
             rows = [l for l in r.stdout.splitlines() if l.startswith("| ") and l[2].isdigit()]
             self.assertEqual(len(rows), 2, r.stdout)
             with open(os.path.join(tmp, "tuned.svg")) as f:

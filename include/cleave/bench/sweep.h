@@ -21,6 +21,13 @@
 
 namespace cleave::bench {
 
+struct SweepPoint {
+  double rate = 0;
+  double attainment = 0;
+  bool passed = false;  // attainment held and the server kept up with the rate
+  BenchMetrics metrics;
+};
+
 struct SweepOptions {
   std::vector<double> rates;  // given rates (ascending or not); empty: search
   double start_rate = 1.0;
@@ -28,13 +35,9 @@ struct SweepOptions {
   double min_throughput_ratio = 0.8;
   int max_runs = 8;
   int per_worker = 1;  // divide the goodput by this many workers (or GPUs)
-};
-
-struct SweepPoint {
-  double rate = 0;
-  double attainment = 0;
-  bool passed = false;  // attainment held and the server kept up with the rate
-  BenchMetrics metrics;
+  // Points measured already against the same server configuration (`cleave tune`'s probes):
+  // when the search asks for one's rate it is taken as that run instead of running it again.
+  std::vector<SweepPoint> known;
 };
 
 struct SweepResult {

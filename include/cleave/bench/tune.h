@@ -4,16 +4,19 @@
 // Each candidate is a set of settings (dotted keys of the config, e.g. router.mode=unified)
 // written as a YAML file; `cleave serve --config FILE` is started with it on 127.0.0.1 (port
 // 0), and `cleave bench sweep` finds the highest rate at which the SLO attainment holds. The
-// search goes one dimension at a time from a base (mode and P:D split within the worker budget,
-// then tokens per step, max sequences, prefix caching, KV size), keeping the best value of each;
-// a candidate whose first sweep point reaches less than half the goodput of the best so far is
-// pruned (not swept further). When the budget of minutes runs out the remaining candidates are
+// search goes one group at a time (the mode and P:D split within the worker budget, then tokens
+// per step, max sequences, prefix caching, KV size, each group varying one setting of the best
+// so far), and breadth first within a group: every candidate is probed with one run at the
+// same rate (--start-rate for the modes, the best's rate after), then swept from there in the
+// order of the probes, best first. A probe under half the best goodput known at that rate prunes
+// its candidate. When the budget of minutes runs out the remaining probes and sweeps are
 // skipped. The winner is served again and measured at its rate once more after one warm-up run
 // (the confirmation run: its goodput must be within 10% of the sweep's); goodput here is the
 // offered rate times the share of requests that met the SLOs; the result is the YAML,
 // a table and an SVG.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,9 +46,11 @@ struct TuneOptions {
 
 struct TuneRow {
   TuneCandidate candidate;
-  bool measured = false, pruned = false, skipped = false;
+  bool pruned = false, skipped = false;
   std::string note;  // why it was pruned / skipped / failed
-  SweepResult sweep;
+  std::optional<SweepPoint> probe;  // the group's common first run
+  bool swept = false;
+  SweepResult sweep;  // its first point is the probe
   double goodput = 0;  // rate x SLO attainment at the best passing rate (0: none passed)
 };
 

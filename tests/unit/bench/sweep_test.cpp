@@ -1,5 +1,6 @@
 // The pieces of `cleave bench sweep` that need no server: SLO attainment (failures count
-// against it), re-timing a trace's arrivals to a rate, and the refusal of a sweep without SLOs.
+// against it), re-timing a trace's arrivals to a rate, the refusal of a sweep without SLOs, and
+// points known already taken in place of runs.
 #include <gtest/gtest.h>
 
 #include "cleave/bench/sweep.h"
@@ -62,6 +63,33 @@ TEST(Sweep, NeedsAnSloAndSaneOptions) {
   s.attainment = 0.9;
   s.rates = {1, -2};
   EXPECT_NE(run_sweep(o, s, never).status().message().find("-2"), std::string::npos);
+}
+
+TEST(Sweep, TakesKnownPointsInsteadOfRunningThem) {
+  ServeBenchOptions o;
+  o.model = "m";
+  o.goodput.ttft_ms = 100;
+  SweepOptions s;
+  s.start_rate = 1;
+  s.max_runs = 3;
+  for (double rate : {4.0, 1.0, 2.0}) {
+    SweepPoint p;
+    p.rate = rate;
+    p.passed = rate < 3;
+    p.attainment = p.passed ? 1 : 0.5;
+    s.known.push_back(p);
+  }
+  const auto never = [](int, double) -> Result<Workload> { return Internal("must not be called"); };
+  auto r = run_sweep(o, s, never);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->points.size(), 3u);  // 1 passes, 2 passes, 4 fails: the search's own order
+  EXPECT_EQ(r->points[0].rate, 1.0);
+  EXPECT_EQ(r->points[2].rate, 4.0);
+  EXPECT_EQ(r->best_rate, 2.0);
+  // A rate asked for twice is run the second time.
+  s.known.resize(1);
+  s.rates = {4.0, 4.0};
+  EXPECT_NE(run_sweep(o, s, never).status().message().find("must not be called"), std::string::npos);
 }
 
 }  // namespace

@@ -70,9 +70,13 @@ TEST(Tune, TableAndChartNameEveryCandidate) {
   for (int i = 0; i < 3; ++i) {
     TuneRow row;
     row.candidate = mode_candidates(2)[static_cast<size_t>(i)];
-    row.measured = true;
-    row.goodput = 0.5 * (i + 1);
-    row.sweep.best_rate = 0.6 * (i + 1);
+    SweepPoint probe;
+    probe.rate = 0.5;
+    probe.attainment = 0.4 * (i + 1);
+    row.probe = probe;
+    row.swept = i > 0;
+    row.goodput = i > 0 ? 0.5 * (i + 1) : 0;
+    row.sweep.best_rate = i > 0 ? 0.6 * (i + 1) : 0;
     r.rows.push_back(row);
   }
   r.rows[0].pruned = true;
@@ -86,10 +90,14 @@ TEST(Tune, TableAndChartNameEveryCandidate) {
   EXPECT_NE(table.find("**recommended**"), std::string::npos);
   EXPECT_NE(table.find("within 10%"), std::string::npos);
   EXPECT_NE(table.find("pruned"), std::string::npos);
+  EXPECT_NE(table.find("| 0.200 at 0.500 | 0.000 | 0.000 | 1 | pruned"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 0.400 at 0.500 | 1.200 | 1.000 |"), std::string::npos) << table;
   const std::string svg = tune_svg(r, "goodput <chat>");
   EXPECT_TRUE(svg.starts_with("<svg"));
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
   EXPECT_NE(svg.find("&lt;chat&gt;"), std::string::npos);
+  EXPECT_NE(svg.find("1. unified x1 (2 thr) (probe)"), std::string::npos);  // its probe, in grey
+  EXPECT_NE(svg.find(">0.20<"), std::string::npos);
   EXPECT_EQ(std::count(svg.begin(), svg.end(), '<') - std::count(svg.begin(), svg.end(), '>'), 0);
   size_t rects = 0;
   for (size_t p = svg.find("<rect"); p != std::string::npos; p = svg.find("<rect", p + 1)) ++rects;
