@@ -28,6 +28,21 @@ namespace cleave::cuda {
 // kernel reads directly).
 enum class ElemType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
+// A weight matrix [rows, cols] in device memory, in one of the layouts matmul() reads.
+//   kF32, kF16, kBF16: row-major elements.
+//   kInt8Groups: the block-quantised formats (Q8_0, Q4_K, ...) unpacked at upload into int8
+//     levels (row-major [rows, cols]) and, per 16 columns, an f32 scale and an f32 offset
+//     ([rows, cols / 16] each): value = scale * q + offset. cols is a multiple of 32.
+enum class WeightType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2, kInt8Groups = 3 };
+struct DeviceWeights {
+  WeightType type = WeightType::kF32;
+  const void* data = nullptr;
+  const float* scales = nullptr;   // kInt8Groups
+  const float* offsets = nullptr;  // kInt8Groups
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
 // Where a batch's tokens sit (backend.h TokenBatch), uploaded to the device once per step.
 struct DeviceTokenBatch {
   int64_t n_tokens = 0;
@@ -71,13 +86,39 @@ cudaError_t embedding(const void* table, ElemType type, int64_t cols, const int3
 // to the pool's type (round to nearest even, as the CPU backend's kv_store).
 cudaError_t write_kv(const DeviceTokenBatch& batch, const float* k, const float* v,
                      const DevicePagedKv& kv, int64_t layer, cudaStream_t stream);
+// Keys of one split of a token's attention: 256 times ceil(n_keys / 4096), so a token has at
+// most 16 splits; a function of the token's key count alone (batch invariance).
+__host__ __device__ inline int64_t attention_split_keys(int64_t n_keys) {
+  const int64_t m = (n_keys + 4095) / 4096;
+  return 256 * (m > 0 ? m : 1);
+}
+// Floats of `partials` paged_attention() needs for n_tokens tokens of at most max_keys keys
+// (0 when no token has more than one split).
+int64_t attention_partial_floats(int64_t n_tokens, int64_t max_keys, int64_t n_heads,
+                                 int64_t head_dim);
 // Causal attention of every token over keys 0..position of its own sequence (through its block
 // table), its own K/V already in the pool: out = softmax(q k^T / sqrt(head_dim)) v per head;
-// query head h reads KV head h / (n_heads / n_kv_heads). head_dim at most 256 and even.
-// One thread block per (token, head), keys in tiles in key order with a running (online)
-// softmax, so a token's result does not depend on the batch.
+// query head h reads KV head h / (n_heads / n_kv_heads). head_dim at most 256. max_keys: the
+// largest position + 1 in the batch (it sizes the grid); partials: attention_partial_floats()
+// floats of scratch (may be null when that is 0).
+// Flash-decoding: one block per (token, KV head, split of attention_split_keys keys) scores the
+// split for up to 8 query heads of that KV head (each K and V row read once for them), then a
+// second kernel merges a token's splits in split order. Every reduction order depends on the
+// token's position alone, so a token's result does not depend on the batch.
 cudaError_t paged_attention(const DeviceTokenBatch& batch, const float* q, float* out,
                             const DevicePagedKv& kv, int64_t layer, int64_t n_heads,
-                            int64_t n_kv_heads, int64_t head_dim, cudaStream_t stream);
+                            int64_t n_kv_heads, int64_t head_dim, int64_t max_keys,
+                            float* partials, int64_t partial_floats, cudaStream_t stream);
+
+// y[t, r] = sum_c W[r, c] x[t, c] for t < n_tokens (x: [n_tokens, cols], y: [n_tokens, rows],
+// f32). One warp per output row and tile of tokens; lane l takes columns 8l..8l+7 of every
+// 256-column chunk, in column order, with one fused multiply-add each, then a fixed butterfly
+// over the lanes: the reduction order depends only on cols, never on n_tokens (batch invariant;
+// the weight row is read once per tile of up to 8 tokens).
+cudaError_t matmul(const DeviceWeights& w, const float* x, int64_t n_tokens, float* y,
+                   cudaStream_t stream);
+// out[t] = row tokens[t] of w as f32 ([n_tokens, cols]), any WeightType.
+cudaError_t embedding_rows(const DeviceWeights& w, const int32_t* tokens, int64_t n_tokens,
+                           float* out, cudaStream_t stream);
 
 }  // namespace cleave::cuda

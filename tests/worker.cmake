@@ -2,7 +2,8 @@
 # 127.0.0.1 over tcp;ofi_rxm and shm, driven through the router's dispatcher (and `cleave client`).
 #   integration_worker_disaggregation   disaggregated equals unified equals alone; worker deaths
 #   integration_worker_late_write_fence late KV writes into ended reservations are refused
-#                                       (a memory key per reservation)
+#                                       (a memory key per reservation), or land in blocks
+#                                       held past the lease (worker.kv_fence hold)
 set(worker_dir ${CMAKE_CURRENT_SOURCE_DIR}/integration/worker)
 set(integration_worker_disaggregation_srcs ${worker_dir}/disaggregation_cases.cpp
                                            ${worker_dir}/worker_failure_cases.cpp)

@@ -117,9 +117,14 @@ int main(int argc, char** argv) {
     float* dout = nullptr;
     CHECK(cudaMalloc(reinterpret_cast<void**>(&dout), q.size() * sizeof(float)));
     cleave::cuda::DevicePagedKv kv{pool, num_blocks, bs, kv_dim, cleave::cuda::ElemType::kBF16};
+    const int64_t pf = cleave::cuda::attention_partial_floats(batch, context, heads, hd);
+    float* partials = nullptr;
+    CHECK(cudaMalloc(reinterpret_cast<void**>(&partials), std::max<int64_t>(pf, 1) * 4));
     const float ms = median_ms(iters, stream, [&] {
-      CHECK(cleave::cuda::paged_attention(b, dq, dout, kv, 0, heads, kv_heads, hd, stream));
+      CHECK(cleave::cuda::paged_attention(b, dq, dout, kv, 0, heads, kv_heads, hd, context,
+                                          partials, pf, stream));
     });
+    cudaFree(partials);
     const double bytes = static_cast<double>(batch) * context * 2 * kv_dim * 2;
     const double floor_us = bytes / (tbps * 1e12) * 1e6;
     char name[64];
@@ -148,6 +153,35 @@ int main(int argc, char** argv) {
     std::printf("%-34s %10.1f %12.0f %10.1f %8.2f\n", "rmsnorm f32 64x2048", ms * 1e3, bytes,
                 floor_us, ms * 1e3 / floor_us);
     cudaFree(dx);
+    cudaFree(dw);
+  }
+  // Weight matrix times activations (bf16 weights, f32 activations) for a 1B model's largest
+  // shapes: bytes are the weights once plus the activations in and out.
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048},
+                                                                          {2048, 8192}}) {
+    std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
+    for (auto& e : w) e = static_cast<uint16_t>(0x3c00 + (rng() & 0xff));  // bf16 near 0.008
+    uint16_t* dw = device_copy(w);
+    cleave::cuda::DeviceWeights dwt{cleave::cuda::WeightType::kBF16, dw, nullptr, nullptr, rows,
+                                    cols};
+    for (int64_t n : {1, 16, 64}) {
+      std::vector<float> x(static_cast<size_t>(n * cols), 0.5f);
+      float* dx = device_copy(x);
+      float* dy = nullptr;
+      CHECK(cudaMalloc(reinterpret_cast<void**>(&dy), static_cast<size_t>(n * rows) * 4));
+      const float ms = median_ms(iters, stream, [&] {
+        CHECK(cleave::cuda::matmul(dwt, dx, n, dy, stream));
+      });
+      const double bytes = static_cast<double>(rows) * cols * 2 + 4.0 * n * (rows + cols);
+      const double floor_us = bytes / (tbps * 1e12) * 1e6;
+      char name[64];
+      std::snprintf(name, sizeof name, "matmul bf16 %lldx%lld n=%lld", static_cast<long long>(rows),
+                    static_cast<long long>(cols), static_cast<long long>(n));
+      std::printf("%-34s %10.1f %12.0f %10.1f %8.2f\n", name, ms * 1e3, bytes, floor_us,
+                  ms * 1e3 / floor_us);
+      cudaFree(dx);
+      cudaFree(dy);
+    }
     cudaFree(dw);
   }
   cudaFree(pool);

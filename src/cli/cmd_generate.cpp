@@ -37,6 +37,7 @@ struct GenerateFlags {
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
   int threads = 0;
+  std::string device = "cpu";
   std::string stats_json;
   std::string log_level = "warn";  // CLEAVE_LOG_LEVEL overrides
 };
@@ -112,6 +113,7 @@ Status run_generate(const GenerateFlags& flags) {
   const ModelConfig& cfg = model_file->config();
   EngineOptions engine_opts;
   engine_opts.threads = flags.threads;
+  engine_opts.device = flags.device;
   engine_opts.max_context = std::min<int64_t>(
       cfg.context_length, static_cast<int64_t>(prompt.size()) + flags.max_tokens);
   if (static_cast<int64_t>(prompt.size()) > cfg.context_length) {
@@ -178,6 +180,7 @@ void add_generate_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
   cmd->add_option("--seed", flags->seed, "sampling seed (default: random, logged)");
   cmd->add_flag("--ignore-eos", flags->ignore_eos, "keep generating past end-of-generation tokens");
+  cmd->add_option("--device", flags->device, "compute backend: cpu, cuda or cuda:N");
   cmd->add_option("--threads", flags->threads, "compute threads (0: one per CPU)")
       ->check(CLI::Range(0, 4096))->capture_default_str();
   cmd->add_option("--stats-json", flags->stats_json, "write timing statistics as JSON to FILE");

@@ -24,6 +24,7 @@ struct PerplexityFlags {
   int64_t ctx = 512;
   int64_t batch = 0;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 Result<std::string> read_text(const std::string& path) {
@@ -50,6 +51,7 @@ Status run_perplexity(const PerplexityFlags& flags) {
   }
   EngineOptions opts;
   opts.threads = flags.threads;
+  opts.device = flags.device;
   opts.max_context = flags.ctx;
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::create(file, opts));
   PerplexityOptions po;
@@ -86,6 +88,7 @@ void add_perplexity_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{4}, int64_t{1} << 24))->capture_default_str();
   cmd->add_option("--batch", flags->batch, "tokens per forward pass (0: the whole window)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 24))->capture_default_str();
+  cmd->add_option("--device", flags->device, "compute backend: cpu, cuda or cuda:N");
   cmd->add_option("--threads", flags->threads, "compute threads (0: one per CPU)")
       ->check(CLI::Range(0, 4096))->capture_default_str();
   cmd->callback([flags, exit_code] {

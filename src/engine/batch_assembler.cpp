@@ -120,7 +120,9 @@ bool BatchAssembler::next() {
                        .kv_slots = slots_.data(),
                        .seq = seq_.data(),
                        .seq_blocks = seq_blocks_.data(),
-                       .block_ids = block_ids_.data()};
+                       .block_ids = block_ids_.data(),
+                       .n_seqs = n_seqs,
+                       .n_block_ids = static_cast<int64_t>(block_ids_.size())};
   return true;
 }
 

@@ -3,6 +3,10 @@
 namespace cleave {
 
 void register_engine_settings(EngineSettings& e, SettingsRegistry& r) {
+  r.add_string("engine.device", &e.device,
+               "Compute backend: cpu, cuda (GPU 0) or cuda:N. On a GPU the weights, activations "
+               "and the KV pool live in that GPU's memory.",
+               "--device");
   r.add_int("engine.threads", &e.threads,
             "Compute threads per engine; 0 = one per online CPU.", 0, 1024, "--threads");
   r.add_int("engine.max_context", &e.max_context,

@@ -24,7 +24,7 @@ Generator::Generator(LlamaModel& model, const Tokenizer& tokenizer)
 Status Generator::acquire_blocks(int64_t blocks) {
   if (!kv_ || kv_->total_blocks() < blocks) {
     kv_.reset();  // release the old buffer before asking for the larger one
-    CLEAVE_ASSIGN_OR_RETURN(kv_, KvBlockPool::create(model_.kv_layout(kBlockSize, blocks)));
+    CLEAVE_ASSIGN_OR_RETURN(kv_, model_.create_kv_pool(kBlockSize, blocks));
   }
   table_.clear();
   return kv_->allocate(blocks, table_);

@@ -22,8 +22,12 @@ struct LayerWeights {
   const TensorView* ffn_gate = nullptr;
   const TensorView* ffn_up = nullptr;
   const TensorView* ffn_down = nullptr;
-  std::vector<float> attn_norm, ffn_norm;
-  std::vector<float> q_bias, k_bias, v_bias;  // empty without QKV bias
+  // In backend memory (Backend::upload); the biases are null without QKV bias.
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* q_bias = nullptr;
+  const float* k_bias = nullptr;
+  const float* v_bias = nullptr;
 };
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -125,13 +129,14 @@ struct LlamaModel::Impl {
 
   const TensorView* token_embd = nullptr;
   const TensorView* output = nullptr;
-  std::vector<float> output_norm;
+  const float* output_norm = nullptr;  // backend memory, as every pointer below
   std::vector<LayerWeights> layers;
-  std::vector<float> inv_freq;
+  const float* inv_freq = nullptr;
   uint64_t weight_bytes = 0;
 
   // Scratch, [max_batch, width] each; logits_scratch is [logit_group, vocab].
-  std::vector<float> x, xb, q, k, v, attn, hb, hb2, logits_scratch;
+  float *x = nullptr, *xb = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *attn = nullptr,
+        *hb = nullptr, *hb2 = nullptr, *logits_scratch = nullptr;
   int64_t logit_group = 0;
   engine_detail::BatchAssembler assembler;
 
@@ -139,6 +144,8 @@ struct LlamaModel::Impl {
   // it is the batch's last sub-batch. Then writes the logits it owes.
   void run_sub_batch(KvBlockPool& kv, const ForwardHooks& hooks);
   void write_logits(const ForwardHooks& hooks);
+  // Hands the backend the model's vectors and weights and takes its scratch.
+  Status set_up_backend(const EngineOptions& opts, const std::vector<std::vector<float>>& vecs);
 };
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelFile> model,
@@ -175,9 +182,14 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
     bytes += t->nbytes;
     return t;
   };
-  auto vector = [&](const std::string& name, int64_t n) -> Result<std::vector<float>> {
+  // Vectors are loaded as f32 here and uploaded to the backend in set_up_backend(), in this
+  // order: output_norm, inv_freq, then per layer attn_norm, ffn_norm[, q, k, v biases].
+  std::vector<std::vector<float>> vecs;
+  auto vector = [&](const std::string& name, int64_t n) -> Status {
     bytes += f.tensor(name) ? f.tensor(name)->nbytes : 0;
-    return load_vector(f, name, n);
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> v, load_vector(f, name, n));
+    vecs.push_back(std::move(v));
+    return Status::Ok();
   };
 
   CLEAVE_ASSIGN_OR_RETURN(impl->token_embd, find_matrix(f, "token_embd.weight", cfg.vocab_size, dim));
@@ -187,48 +199,79 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
     impl->output = impl->token_embd;  // tied embeddings
     bytes += impl->token_embd->nbytes;
   }
-  CLEAVE_ASSIGN_OR_RETURN(impl->output_norm, vector("output_norm.weight", dim));
+  CLEAVE_RETURN_IF_ERROR(vector("output_norm.weight", dim));
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> inv_freq, rope_frequencies(cfg));
+  vecs.push_back(std::move(inv_freq));
   impl->layers.resize(static_cast<size_t>(cfg.n_layers));
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     LayerWeights& w = impl->layers[static_cast<size_t>(l)];
     const std::string p = fmt::format("blk.{}.", l);
-    CLEAVE_ASSIGN_OR_RETURN(w.attn_norm, vector(p + "attn_norm.weight", dim));
+    CLEAVE_RETURN_IF_ERROR(vector(p + "attn_norm.weight", dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_q, matrix(p + "attn_q.weight", impl->q_dim, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_k, matrix(p + "attn_k.weight", impl->kv_dim, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_v, matrix(p + "attn_v.weight", impl->kv_dim, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_output, matrix(p + "attn_output.weight", dim, impl->q_dim));
-    CLEAVE_ASSIGN_OR_RETURN(w.ffn_norm, vector(p + "ffn_norm.weight", dim));
+    CLEAVE_RETURN_IF_ERROR(vector(p + "ffn_norm.weight", dim));
     CLEAVE_ASSIGN_OR_RETURN(w.ffn_gate, matrix(p + "ffn_gate.weight", ffn, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.ffn_up, matrix(p + "ffn_up.weight", ffn, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.ffn_down, matrix(p + "ffn_down.weight", dim, ffn));
     if (cfg.qkv_bias) {
-      CLEAVE_ASSIGN_OR_RETURN(w.q_bias, vector(p + "attn_q.bias", impl->q_dim));
-      CLEAVE_ASSIGN_OR_RETURN(w.k_bias, vector(p + "attn_k.bias", impl->kv_dim));
-      CLEAVE_ASSIGN_OR_RETURN(w.v_bias, vector(p + "attn_v.bias", impl->kv_dim));
+      CLEAVE_RETURN_IF_ERROR(vector(p + "attn_q.bias", impl->q_dim));
+      CLEAVE_RETURN_IF_ERROR(vector(p + "attn_k.bias", impl->kv_dim));
+      CLEAVE_RETURN_IF_ERROR(vector(p + "attn_v.bias", impl->kv_dim));
     }
   }
   impl->weight_bytes = bytes;
-  CLEAVE_ASSIGN_OR_RETURN(impl->inv_freq, rope_frequencies(cfg));
-
-  impl->pool = std::make_unique<ThreadPool>(opts.threads, "compute");
-  impl->backend = make_cpu_backend(*impl->pool);
-  impl->backend->reserve_attention(impl->max_context);
-  const auto b = static_cast<size_t>(impl->max_batch);
-  impl->x.assign(b * static_cast<size_t>(dim), 0.0f);
-  impl->xb.assign(b * static_cast<size_t>(dim), 0.0f);
-  impl->q.assign(b * static_cast<size_t>(impl->q_dim), 0.0f);
-  impl->k.assign(b * static_cast<size_t>(impl->kv_dim), 0.0f);
-  impl->v.assign(b * static_cast<size_t>(impl->kv_dim), 0.0f);
-  impl->attn.assign(b * static_cast<size_t>(impl->q_dim), 0.0f);
-  impl->hb.assign(b * static_cast<size_t>(ffn), 0.0f);
-  impl->hb2.assign(b * static_cast<size_t>(ffn), 0.0f);
-  // Logits are computed for up to this many sequences at a time (one pass over the output
-  // matrix each), within about 16 MiB of scratch.
-  impl->logit_group = std::clamp<int64_t>((int64_t{16} << 20) / (4 * cfg.vocab_size), 1,
-                                          std::min<int64_t>(impl->max_batch, 64));
-  impl->logits_scratch.assign(static_cast<size_t>(impl->logit_group * cfg.vocab_size), 0.0f);
+  CLEAVE_RETURN_IF_ERROR(impl->set_up_backend(opts, vecs));
   impl->assembler.reserve(impl->max_batch);
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(impl)));
+}
+
+Status LlamaModel::Impl::set_up_backend(const EngineOptions& opts,
+                                        const std::vector<std::vector<float>>& vecs) {
+  pool = std::make_unique<ThreadPool>(opts.device.starts_with("cuda") ? 1 : opts.threads,
+                                      "compute");
+  CLEAVE_ASSIGN_OR_RETURN(backend, make_backend(opts.device, *pool));
+  Backend& be = *backend;
+  be.reserve_attention(max_context);
+  size_t next = 0;
+  auto up = [&](const float** dst) -> Status {
+    CLEAVE_ASSIGN_OR_RETURN(*dst, be.upload(vecs[next++]));
+    return Status::Ok();
+  };
+  CLEAVE_RETURN_IF_ERROR(up(&output_norm));
+  CLEAVE_RETURN_IF_ERROR(up(&inv_freq));
+  std::vector<const TensorView*> weights{token_embd, output};
+  for (LayerWeights& w : layers) {
+    CLEAVE_RETURN_IF_ERROR(up(&w.attn_norm));
+    CLEAVE_RETURN_IF_ERROR(up(&w.ffn_norm));
+    if (cfg.qkv_bias) {
+      CLEAVE_RETURN_IF_ERROR(up(&w.q_bias));
+      CLEAVE_RETURN_IF_ERROR(up(&w.k_bias));
+      CLEAVE_RETURN_IF_ERROR(up(&w.v_bias));
+    }
+    weights.insert(weights.end(), {w.attn_q, w.attn_k, w.attn_v, w.attn_output, w.ffn_gate,
+                                   w.ffn_up, w.ffn_down});
+  }
+  CLEAVE_RETURN_IF_ERROR(be.prepare_weights(weights));
+  auto scratch = [&](float** dst, int64_t width) -> Status {
+    CLEAVE_ASSIGN_OR_RETURN(*dst, be.alloc(max_batch * width));
+    return Status::Ok();
+  };
+  CLEAVE_RETURN_IF_ERROR(scratch(&x, cfg.dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&xb, cfg.dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&q, q_dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&k, kv_dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&v, kv_dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&attn, q_dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&hb, cfg.ffn_dim));
+  CLEAVE_RETURN_IF_ERROR(scratch(&hb2, cfg.ffn_dim));
+  // Logits are computed for up to this many sequences at a time (one pass over the output
+  // matrix each), within about 16 MiB of scratch.
+  logit_group = std::clamp<int64_t>((int64_t{16} << 20) / (4 * cfg.vocab_size), 1,
+                                    std::min<int64_t>(max_batch, 64));
+  CLEAVE_ASSIGN_OR_RETURN(logits_scratch, be.alloc(logit_group * cfg.vocab_size));
+  return Status::Ok();
 }
 
 LlamaModel::LlamaModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -242,6 +285,18 @@ KvLayout LlamaModel::kv_layout(int64_t block_size, int64_t num_blocks, DType kv_
   return KvLayout::for_model(impl_->cfg, block_size, num_blocks, kv_dtype);
 }
 uint64_t LlamaModel::weight_bytes_per_token() const { return impl_->weight_bytes; }
+
+Result<std::unique_ptr<KvBlockPool>> LlamaModel::create_kv_pool(int64_t block_size,
+                                                                int64_t num_blocks,
+                                                                DType kv_dtype) {
+  const KvLayout layout = kv_layout(block_size, num_blocks, kv_dtype);
+  if (std::string err = layout.validate(); !err.empty()) {
+    return InvalidArgument(fmt::format("KV pool layout ({}): {}", layout.to_string(), err));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<KvStorage> storage,
+                          impl_->backend->make_kv_storage(layout.total_bytes()));
+  return KvBlockPool::create(layout, std::move(storage));
+}
 
 Status LlamaModel::forward(std::span<const int32_t> tokens, int64_t start_pos,
                            std::span<const BlockId> block_table, KvBlockPool& kv,
@@ -260,6 +315,14 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> batch, KvBlockPo
   Impl& m = *impl_;
   CLEAVE_RETURN_IF_ERROR(
       engine_detail::BatchAssembler::validate(batch, kv.layout(), m.cfg, m.max_context));
+  if (kv.storage().device() != m.backend->device()) {
+    return InvalidArgument(fmt::format(
+        "forward_batch: the KV pool is in {} memory and the {} backend computes in {} memory "
+        "(make the pool with LlamaModel::create_kv_pool)",
+        kv.storage().on_device() ? fmt::format("cuda:{}", kv.storage().device()) : "host",
+        m.backend->name(),
+        m.backend->device() >= 0 ? fmt::format("cuda:{}", m.backend->device()) : "host"));
+  }
   if (!hooks.on_token_logits) {
     for (size_t s = 0; s < batch.size(); ++s) {
       if (batch[s].all_logits) {
@@ -271,7 +334,10 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> batch, KvBlockPo
     }
   }
   m.assembler.begin(batch, kv.layout().block_size);
-  while (m.assembler.next()) m.run_sub_batch(kv, hooks);
+  while (m.assembler.next()) {
+    m.run_sub_batch(kv, hooks);
+    CLEAVE_RETURN_IF_ERROR(m.backend->check());
+  }
   return Status::Ok();
 }
 
@@ -285,44 +351,57 @@ void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hook
                    .block_size = layout.block_size, .kv_dim = kv_dim, .dtype = layout.dtype,
                    .element_bytes = dtype_info(layout.dtype).block_bytes};
   Backend& be = *backend;
-  be.embedding(*token_embd, assembler.token_ids(), x.data());
+  be.begin_batch(tb, assembler.token_ids());
+  be.embedding(*token_embd, assembler.token_ids(), x);
+  // The layer hooks are called in layer order as soon as each layer's K/V are in the pool: at
+  // once on a synchronous backend, else as the device gets there (the host queues later layers
+  // meanwhile, so the export overlaps their compute).
+  const bool hook_layers = last_sub_batch && static_cast<bool>(hooks.on_layer_done);
+  int64_t next_hook = 0;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& w = layers[static_cast<size_t>(l)];
 
     // Attention block: K and V of these tokens go into their pool slots, then every token
     // attends over its sequence's keys.
-    be.rmsnorm(x.data(), w.attn_norm.data(), cfg.rms_eps, n, dim, xb.data());
-    be.matmul(*w.attn_q, xb.data(), n, q.data());
-    be.matmul(*w.attn_k, xb.data(), n, k.data());
-    be.matmul(*w.attn_v, xb.data(), n, v.data());
+    be.rmsnorm(x, w.attn_norm, cfg.rms_eps, n, dim, xb);
+    be.matmul(*w.attn_q, xb, n, q);
+    be.matmul(*w.attn_k, xb, n, k);
+    be.matmul(*w.attn_v, xb, n, v);
     if (cfg.qkv_bias) {
-      be.add_bias(q.data(), w.q_bias.data(), n, q_dim);
-      be.add_bias(k.data(), w.k_bias.data(), n, kv_dim);
-      be.add_bias(v.data(), w.v_bias.data(), n, kv_dim);
+      be.add_bias(q, w.q_bias, n, q_dim);
+      be.add_bias(k, w.k_bias, n, kv_dim);
+      be.add_bias(v, w.v_bias, n, kv_dim);
     }
-    RopeArgs rope{.x = q.data(), .row_stride = q_dim, .n_tokens = n, .positions = tb.positions,
+    RopeArgs rope{.x = q, .row_stride = q_dim, .n_tokens = n, .positions = tb.positions,
                   .n_heads = cfg.n_heads, .head_dim = cfg.head_dim, .style = cfg.rope_style,
-                  .inv_freq = inv_freq.data()};
+                  .inv_freq = inv_freq};
     be.rope(rope);
-    rope.x = k.data();
+    rope.x = k;
     rope.row_stride = kv_dim;
     rope.n_heads = cfg.n_kv_heads;
     be.rope(rope);
-    be.write_kv(KvWriteArgs{.batch = &tb, .k = k.data(), .v = v.data(), .kv = kv, .layer = l});
-    if (last_sub_batch && hooks.on_layer_done) hooks.on_layer_done(l);
-    be.attention(AttentionArgs{.batch = &tb, .q = q.data(), .out = attn.data(), .kv = kv,
+    be.write_kv(KvWriteArgs{.batch = &tb, .k = k, .v = v, .kv = kv, .layer = l});
+    if (hook_layers) {
+      be.mark_kv_written(l);
+      while (next_hook <= l && be.kv_written(next_hook, false)) hooks.on_layer_done(next_hook++);
+    }
+    be.attention(AttentionArgs{.batch = &tb, .q = q, .out = attn, .kv = kv,
                                .layer = l, .n_heads = cfg.n_heads, .n_kv_heads = cfg.n_kv_heads,
                                .head_dim = cfg.head_dim});
-    be.matmul(*w.attn_output, attn.data(), n, xb.data());
-    be.add(x.data(), xb.data(), n * dim);
+    be.matmul(*w.attn_output, attn, n, xb);
+    be.add(x, xb, n * dim);
 
     // SwiGLU feed-forward block.
-    be.rmsnorm(x.data(), w.ffn_norm.data(), cfg.rms_eps, n, dim, xb.data());
-    be.matmul(*w.ffn_gate, xb.data(), n, hb.data());
-    be.matmul(*w.ffn_up, xb.data(), n, hb2.data());
-    be.silu_mul(hb.data(), hb2.data(), n * ffn, hb.data());
-    be.matmul(*w.ffn_down, hb.data(), n, xb.data());
-    be.add(x.data(), xb.data(), n * dim);
+    be.rmsnorm(x, w.ffn_norm, cfg.rms_eps, n, dim, xb);
+    be.matmul(*w.ffn_gate, xb, n, hb);
+    be.matmul(*w.ffn_up, xb, n, hb2);
+    be.silu_mul(hb, hb2, n * ffn, hb);
+    be.matmul(*w.ffn_down, hb, n, xb);
+    be.add(x, xb, n * dim);
+  }
+  while (hook_layers && next_hook < cfg.n_layers) {
+    be.kv_written(next_hook, true);
+    hooks.on_layer_done(next_hook++);
   }
   write_logits(hooks);
 }
@@ -335,12 +414,14 @@ void LlamaModel::Impl::write_logits(const ForwardHooks& hooks) {
     const size_t g1 = std::min(rows.size(), g0 + static_cast<size_t>(logit_group));
     // Final norm of each wanted token's residual row, packed into xb, then one matmul.
     for (size_t i = g0; i < g1; ++i) {
-      be.rmsnorm(x.data() + rows[i].row * dim, output_norm.data(), cfg.rms_eps, 1, dim,
-                 xb.data() + static_cast<int64_t>(i - g0) * dim);
+      be.rmsnorm(x + rows[i].row * dim, output_norm, cfg.rms_eps, 1, dim,
+                 xb + static_cast<int64_t>(i - g0) * dim);
     }
-    be.matmul(*output, xb.data(), static_cast<int64_t>(g1 - g0), logits_scratch.data());
+    const auto group = static_cast<int64_t>(g1 - g0);
+    be.matmul(*output, xb, group, logits_scratch);
+    const float* host = be.to_host(logits_scratch, group * vocab);
     for (size_t i = g0; i < g1; ++i) {
-      const float* row = logits_scratch.data() + static_cast<int64_t>(i - g0) * vocab;
+      const float* row = host + static_cast<int64_t>(i - g0) * vocab;
       if (rows[i].logits.empty()) {
         hooks.on_token_logits(rows[i].sequence, rows[i].index,
                               std::span<const float>(row, static_cast<size_t>(vocab)));

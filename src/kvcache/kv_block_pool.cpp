@@ -1,7 +1,5 @@
 #include "cleave/kvcache/kv_block_pool.h"
 
-#include <sys/mman.h>
-
 #include <cassert>
 #include <cerrno>
 #include <cstring>
@@ -21,48 +19,6 @@
   } while (0)
 
 namespace cleave {
-namespace {
-
-constexpr uint64_t kBufferAlign = uint64_t{2} << 20;  // 2 MiB
-
-uint64_t mapped_bytes(const KvLayout& layout) {
-  const uint64_t n = layout.total_bytes();
-  return (n + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
-}
-
-// Anonymous memory (zero-filled by the kernel), 2 MiB-aligned: maps one alignment more than
-// needed and unmaps the unaligned head and the tail. nullptr with errno set on failure.
-std::byte* map_aligned(uint64_t bytes) {
-  const uint64_t over = bytes + kBufferAlign;
-  if (over < bytes) {
-    errno = ENOMEM;
-    return nullptr;
-  }
-  void* p = mmap(nullptr, over, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  const auto base = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t aligned = (base + kBufferAlign - 1) / kBufferAlign * kBufferAlign;
-  if (aligned > base) munmap(p, aligned - base);
-  const uintptr_t end = base + over;
-  if (end > aligned + bytes) munmap(reinterpret_cast<void*>(aligned + bytes), end - (aligned + bytes));
-#ifdef MADV_HUGEPAGE
-  madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // a hint; failure is harmless
-#endif
-#ifdef MADV_POPULATE_WRITE
-  // Commit (fault in and zero) the whole pool now: page faults stay out of the engine's steps,
-  // and a pool the machine cannot hold fails here, cleanly, instead of an OOM kill mid-serving.
-  // EINVAL: a kernel older than 5.14 without the advice; the pages then fault in on first use.
-  if (madvise(reinterpret_cast<void*>(aligned), bytes, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
-    const int e = errno;
-    munmap(reinterpret_cast<void*>(aligned), bytes);
-    errno = e == EINVAL ? ENOMEM : e;
-    return nullptr;
-  }
-#endif
-  return reinterpret_cast<std::byte*>(aligned);
-}
-
-}  // namespace
 
 struct KvBlockPool::State {
   explicit State(int64_t n)
@@ -122,30 +78,37 @@ struct KvBlockPool::State {
 
 KvBlockPool::KvBlockPool(const KvLayout& layout) : layout_(layout) {}
 
-KvBlockPool::~KvBlockPool() {
-  if (data_ != nullptr) munmap(data_, mapped_bytes(layout_));
-}
+KvBlockPool::~KvBlockPool() = default;
 
-Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvLayout& layout) {
+Result<std::unique_ptr<KvBlockPool>> KvBlockPool::create(const KvLayout& layout,
+                                                         std::unique_ptr<KvStorage> storage) {
   if (std::string err = layout.validate(); !err.empty())
     return InvalidArgument(fmt::format("KV pool layout ({}): {}", layout.to_string(), err));
   std::unique_ptr<KvBlockPool> pool(new KvBlockPool(layout));
-  const uint64_t bytes = mapped_bytes(layout);
-  pool->data_ = map_aligned(bytes);
-  if (pool->data_ == nullptr) {
-    const int e = errno;
-    return ResourceExhausted(fmt::format(
-        "cannot allocate the KV pool: {} bytes ({} blocks x {} layers x {} bytes per block): {}; "
-        "lower the block count or the memory budget",
-        bytes, layout.num_blocks, layout.n_layers, layout.block_bytes(), std::strerror(e)));
+  if (storage == nullptr) {
+    auto host = make_host_kv_storage(layout.total_bytes());
+    if (!host.ok()) {
+      return ResourceExhausted(fmt::format(
+          "cannot allocate the KV pool ({} blocks x {} layers x {} bytes per block): {}; lower "
+          "the block count or the memory budget",
+          layout.num_blocks, layout.n_layers, layout.block_bytes(), host.status().message()));
+    }
+    storage = std::move(host).value();
+  } else if (storage->size_bytes() < layout.total_bytes()) {
+    return InvalidArgument(fmt::format("KV pool storage holds {} bytes, the layout ({}) needs {}",
+                                       storage->size_bytes(), layout.to_string(),
+                                       layout.total_bytes()));
   }
+  pool->storage_ = std::move(storage);
+  pool->data_ = pool->storage_->data();
   try {
     pool->state_ = std::make_unique<State>(layout.num_blocks);
   } catch (const std::bad_alloc&) {
     return ResourceExhausted(fmt::format("cannot allocate the bookkeeping of a KV pool of {} blocks",
                                          layout.num_blocks));
   }
-  log::debug("KV pool: {} at {}", layout.to_string(), static_cast<const void*>(pool->data_));
+  log::debug("KV pool: {} at {} ({})", layout.to_string(), static_cast<const void*>(pool->data_),
+             pool->storage_->on_device() ? fmt::format("cuda:{}", pool->storage_->device()) : "host");
   return pool;
 }
 

@@ -31,7 +31,8 @@ BlockLedger::~BlockLedger() {
 
 Result<std::vector<BlockId>> BlockLedger::reserve(SequenceId id, int64_t num_tokens,
                                                   std::chrono::milliseconds lease,
-                                                  ReservationFence on_end) {
+                                                  ReservationFence on_end,
+                                                  std::chrono::milliseconds hold) {
   if (num_tokens < 1) {
     return InvalidArgument(
         fmt::format("reserve {}: num_tokens is {}, it must be at least 1", id, num_tokens));
@@ -48,14 +49,16 @@ Result<std::vector<BlockId>> BlockLedger::reserve(SequenceId id, int64_t num_tok
   const int64_t need = (num_tokens + bs - 1) / bs;
   if (!pool_.can_allocate(need)) {
     return ResourceExhausted(fmt::format(
-        "reserve {}: {} KV blocks needed, {} free or evictable now (of {}; {} reserved, {} pinned)",
+        "reserve {}: {} KV blocks needed, {} free or evictable now (of {}; {} reserved, {} pinned, "
+        "{} held after their reservation ended)",
         id, need, pool_.free_blocks() + pool_.cached_blocks(), pool_.total_blocks(),
-        blocks_reserved_, blocks_pinned_));
+        blocks_reserved_, blocks_pinned_, blocks_held_));
   }
   std::vector<BlockId> blocks;
   CLEAVE_RETURN_IF_ERROR(pool_.allocate(need, blocks));
   blocks_reserved_ += need;
-  reservations_.emplace(id, Reservation{blocks, now_() + lease, std::move(on_end)});
+  reservations_.emplace(id, Reservation{blocks, now_() + lease, std::move(on_end),
+                                        std::max(hold, std::chrono::milliseconds(0))});
   return blocks;
 }
 
@@ -81,8 +84,29 @@ std::vector<BlockId> BlockLedger::take_reservation(
 
 void BlockLedger::end_reservation(std::unordered_map<SequenceId, Reservation>::iterator it,
                                   ReservationEnd how) {
-  const std::vector<BlockId> blocks = take_reservation(it, how);
+  const std::chrono::milliseconds hold = it->second.hold;
+  const Clock::time_point deadline = it->second.deadline;
+  std::vector<BlockId> blocks = take_reservation(it, how);
+  if (hold.count() > 0 && (how == ReservationEnd::kReleased || how == ReservationEnd::kExpired)) {
+    blocks_held_ += static_cast<int64_t>(blocks.size());
+    held_.push_back(Held{std::max(now_(), deadline) + hold, std::move(blocks)});
+    ++counters_.reservations_held;
+    return;
+  }
   pool_.release(blocks);
+}
+
+void BlockLedger::release_held(Clock::time_point now, bool all) {
+  for (size_t i = 0; i < held_.size();) {
+    if (!all && held_[i].until > now) {
+      ++i;
+      continue;
+    }
+    pool_.release(held_[i].blocks);
+    blocks_held_ -= static_cast<int64_t>(held_[i].blocks.size());
+    held_[i] = std::move(held_.back());
+    held_.pop_back();
+  }
 }
 
 bool BlockLedger::release_reservation(SequenceId id) {
@@ -106,13 +130,17 @@ std::optional<BlockLedger::Clock::time_point> BlockLedger::next_deadline() const
   for (const auto& [id, res] : reservations_) {
     if (!soonest || res.deadline < *soonest) soonest = res.deadline;
   }
+  for (const Held& h : held_) {
+    if (!soonest || h.until < *soonest) soonest = h.until;
+  }
   return soonest;
 }
 
 std::vector<SequenceId> BlockLedger::expire_leases(const std::function<bool(SequenceId)>& spare) {
   std::vector<SequenceId> expired;
-  if (reservations_.empty()) return expired;
   const Clock::time_point now = now_();
+  if (!held_.empty()) release_held(now, false);
+  if (reservations_.empty()) return expired;
   std::vector<std::pair<Clock::time_point, SequenceId>> due;
   for (const auto& [id, res] : reservations_) {
     if (res.deadline <= now && !(spare && spare(id))) due.emplace_back(res.deadline, id);
@@ -131,6 +159,7 @@ std::vector<SequenceId> BlockLedger::expire_leases(const std::function<bool(Sequ
 
 void BlockLedger::end_all() {
   while (!reservations_.empty()) end_reservation(reservations_.begin(), ReservationEnd::kShutdown);
+  release_held(now_(), true);
 }
 
 Status BlockLedger::add_prefilled(SequenceId id, std::vector<int32_t> prompt, int32_t first_token) {

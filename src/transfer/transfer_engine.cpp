@@ -32,6 +32,11 @@ Result<std::unique_ptr<TransferEngine>> TransferEngine::create(const TransferSet
 }
 
 const std::string& TransferEngine::provider() const { return impl_->provider; }
+bool TransferEngine::hmem() const { return impl_->hmem; }
+bool TransferEngine::provider_revokes_keys(std::string_view provider) {
+  return provider.starts_with("tcp") || provider.starts_with("shm") ||
+         provider.starts_with("sockets");
+}
 uint64_t TransferEngine::engine_id() const { return impl_->engine_id; }
 int TransferEngine::rails() const { return static_cast<int>(impl_->rails_now()->size()); }
 std::string TransferEngine::address() const {

@@ -55,9 +55,15 @@ Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaMode
     }
   }
   CLEAVE_ASSIGN_OR_RETURN(auto pool,
-                          KvBlockPool::create(model->kv_layout(opts.block_size, blocks, opts.kv_dtype)));
+                          model->create_kv_pool(opts.block_size, blocks, opts.kv_dtype));
+  std::unique_ptr<KvStaging> staging;
+  if (opts.kv_staging && pool->storage().on_device()) {
+    CLEAVE_ASSIGN_OR_RETURN(staging, model->backend().make_kv_staging(
+                                         const_cast<KvStorage&>(pool->storage())));
+  }
   std::unique_ptr<EngineLoop> loop(
       new EngineLoop(std::move(model), std::move(tokenizer), std::move(pool), opts));
+  loop->staging_ = std::move(staging);
   loop->thread_ = std::thread([l = loop.get()] { l->run(); });
   return loop;
 }
@@ -216,6 +222,7 @@ void EngineLoop::publish_stats() {
     published_.reservations = ledger_.num_reservations();
     published_.blocks_reserved = ledger_.blocks_reserved();
     published_.blocks_pinned = ledger_.blocks_pinned();
+    published_.blocks_held = ledger_.blocks_held();
     published_.leases_expired = ledger_.counters().leases_expired;
     published_.reservations_released = ledger_.counters().reservations_released;
     published_.leases_renewed = ledger_.counters().leases_renewed;

@@ -14,7 +14,8 @@
 namespace cleave {
 
 Status EngineLoop::reserve_async(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
-                                 ReservationFence on_end, ReserveCallback done) {
+                                 ReservationFence on_end, ReserveCallback done,
+                                 std::chrono::milliseconds hold) {
   if (num_tokens < 1) {
     return InvalidArgument(
         fmt::format("reserve {}: num_tokens is {}, it must be at least 1", id, num_tokens));
@@ -41,6 +42,7 @@ Status EngineLoop::reserve_async(RequestId id, int64_t num_tokens, std::chrono::
   op->lease = lease;
   op->on_end = std::move(on_end);
   op->done = std::move(done);
+  op->hold = hold;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (stopping_ || stopped_) return Unavailable(fmt::format("reserve {}: the engine is shutting down", id));
@@ -68,12 +70,13 @@ Status EngineLoop::reserve_async(RequestId id, int64_t num_tokens, std::chrono::
 
 Result<std::vector<BlockId>> EngineLoop::reserve(RequestId id, int64_t num_tokens,
                                                  std::chrono::milliseconds lease,
-                                                 ReservationFence on_end) {
+                                                 ReservationFence on_end,
+                                                 std::chrono::milliseconds hold) {
   auto reply = std::make_shared<std::promise<Result<std::vector<BlockId>>>>();
   std::future<Result<std::vector<BlockId>>> result = reply->get_future();
   CLEAVE_RETURN_IF_ERROR(reserve_async(
       id, num_tokens, lease, std::move(on_end),
-      [reply](Result<std::vector<BlockId>> r) { reply->set_value(std::move(r)); }));
+      [reply](Result<std::vector<BlockId>> r) { reply->set_value(std::move(r)); }, hold));
   return result.get();
 }
 
@@ -151,7 +154,7 @@ void EngineLoop::reserve_now(ReserveOp& op) {
     return;
   }
   Result<std::vector<BlockId>> blocks =
-      ledger_.reserve(op.id, op.num_tokens, op.lease, std::move(op.on_end));
+      ledger_.reserve(op.id, op.num_tokens, op.lease, std::move(op.on_end), op.hold);
   if (!blocks.ok()) {
     std::lock_guard<std::mutex> lk(mu_);
     if (auto it = reserved_ids_.find(op.id); it != reserved_ids_.end() && it->second == op.op)
@@ -190,7 +193,7 @@ void EngineLoop::apply_lease_renewals() {
 }
 
 void EngineLoop::expire_leases() {
-  if (ledger_.num_reservations() == 0) return;
+  if (ledger_.num_reservations() == 0 && ledger_.blocks_held() == 0) return;
   apply_lease_renewals();
   (void)ledger_.expire_leases([this](SequenceId id) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -214,6 +217,17 @@ void EngineLoop::admit_prefilled(EngineRequest&& req, std::unique_ptr<RequestSta
   r->generated = r->resumed + 1;
   r->cached_prompt_tokens = 0;
   requests_.emplace(id, std::move(r));
+  if (staging_) {
+    // The KV came into the pool's host mirror: the reserved blocks go to the device first (the
+    // copy is done before any later step's kernels are queued).
+    const std::vector<BlockId>* blocks = ledger_.reservation_blocks(id);
+    const Status staged = blocks ? stage_blocks(*blocks, 0, pool_->layout().n_layers, true)
+                                 : Status::Ok();
+    if (!staged.ok()) {
+      fail(id, staged);
+      return;
+    }
+  }
   // The ledger fences the reservation (the KV is in place: nothing may write there any more)
   // and runs the sequence now or queues it for a running slot.
   const Status added = ledger_.add_prefilled(id, std::move(req.prompt), req.first_token);
@@ -227,10 +241,41 @@ void EngineLoop::admit_pending_prefilled() {
   for (const auto& [id, st] : failed) fail(id, st);
 }
 
+Status EngineLoop::stage_blocks(std::span<const BlockId> blocks, int64_t l0, int64_t l1,
+                                bool to_device) {
+  const KvLayout& layout = pool_->layout();
+  stage_ranges_.clear();
+  for (int64_t l = l0; l < l1; ++l) {
+    for (size_t i = 0; i < blocks.size();) {
+      size_t j = i + 1;
+      while (j < blocks.size() && blocks[j] == blocks[j - 1] + 1) ++j;
+      stage_ranges_.push_back(KvRange{layout.offset(l, blocks[i]),
+                                      layout.block_bytes() * static_cast<uint64_t>(j - i)});
+      i = j;
+    }
+  }
+  return to_device ? staging_->to_device(stage_ranges_) : staging_->to_host(stage_ranges_);
+}
+
 void EngineLoop::export_layer(int64_t layer) {
   for (const ExportChunk& e : exports_) {
     RequestState& r = *e.request;
     if (r.export_failed) continue;
+    if (staging_ && e.end > e.begin) {
+      // The layer's K/V of [begin, end) go to the host mirror the writes read (whole units).
+      const int64_t bs = pool_->layout().block_size;
+      const auto first = static_cast<size_t>(e.begin / bs);
+      const auto last = static_cast<size_t>((e.end - 1) / bs) + 1;
+      const Status staged =
+          stage_blocks(std::span<const BlockId>(e.seq->block_table).subspan(first, last - first),
+                       layer, layer + 1, false);
+      if (!staged.ok()) {
+        log::error("request {}: copying layer {} of its KV to the host mirror failed: {}",
+                   r.id, layer, staged.message());
+        r.export_failed = true;
+        continue;
+      }
+    }
     if (!r.sink->on_layer_ready(layer, e.begin, e.end, e.seq->block_table, e.last)) {
       r.export_failed = true;
     }

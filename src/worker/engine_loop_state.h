@@ -90,6 +90,7 @@ struct EngineLoop::ReserveOp {
   std::chrono::milliseconds lease{0};
   ReservationFence on_end;  // moves into the ledger's reservation when it is made
   ReserveCallback done;     // called once with the result
+  std::chrono::milliseconds hold{0};  // BlockLedger::reserve's
 };
 
 }  // namespace cleave

@@ -15,6 +15,12 @@ void register_worker_settings(WorkerSettings& w, SettingsRegistry& r) {
             "Decode worker: how long reserved KV blocks wait for the prefill's KV before they "
             "are released (when Reserve names no lease).",
             1, 3600000);
+  r.add_enum("worker.kv_fence", &w.kv_fence, {"auto", "revoke", "hold"},
+             "Decode worker: how a late KV write is kept out of reused blocks. revoke = a memory "
+             "key per reservation, revoked when it ends; hold = the pool's one key, and a released "
+             "or expired reservation's blocks held until its lease deadline + "
+             "transfer.completion_timeout_ms + 1 s; auto = revoke on tcp and shm, hold on efa and "
+             "verbs (whose registration cache makes a revoked key live on).");
   r.add_int("worker.prefill_timeout_ms", &w.prefill_timeout_ms,
             "Prefill worker: longest a Prefill waits for its prompt's compute, queueing included.",
             1, 86400000);

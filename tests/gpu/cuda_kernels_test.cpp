@@ -346,8 +346,14 @@ TEST_P(PagedKernelsTest, WriteKvIsExactAndAttentionMatchesTheCpuAndIsBatchInvari
   DeviceBuffer<float> dq(q), dout(q.size());
   dout.poison();
   DeviceBatch dqb(qb);
+  int64_t max_keys = 0;
+  for (const auto& [s, p] : qt) max_keys = std::max(max_keys, p + 1);
+  const int64_t pf = cuda::attention_partial_floats(nq, max_keys, c.n_heads, c.head_dim);
+  ASSERT_GT(pf, 0) << "the case must have a token of several splits";
+  DeviceBuffer<float> partials(static_cast<size_t>(pf));
   CUDA_OK(cuda::paged_attention(dqb.view(nq), dq.get(), dout.get(), c.device_kv(dpool.get()),
-                                layer, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
+                                layer, c.n_heads, c.n_kv_heads, c.head_dim, max_keys,
+                                partials.get(), pf, stream_));
   sync();
   const auto batched = dout.download();
   EXPECT_LT(relative_error(batched, want), 1e-4);
@@ -359,7 +365,9 @@ TEST_P(PagedKernelsTest, WriteKvIsExactAndAttentionMatchesTheCpuAndIsBatchInvari
     std::vector<float> q1(q.begin() + t * width, q.begin() + (t + 1) * width);
     DeviceBuffer<float> dq1(q1), dout1(q1.size());
     CUDA_OK(cuda::paged_attention(d1.view(1), dq1.get(), dout1.get(), c.device_kv(dpool.get()),
-                                  layer, c.n_heads, c.n_kv_heads, c.head_dim, stream_));
+                                  layer, c.n_heads, c.n_kv_heads, c.head_dim,
+                                  qt[static_cast<size_t>(t)].second + 1, partials.get(), pf,
+                                  stream_));
     sync();
     const auto alone = dout1.download();
     ASSERT_EQ(std::memcmp(alone.data(), batched.data() + t * width, width * sizeof(float)), 0)
@@ -376,10 +384,12 @@ TEST_F(CudaKernelsTest, BadAttentionShapesAreRefused) {
   cuda::DeviceTokenBatch b;
   b.n_tokens = 1;
   cuda::DevicePagedKv kv;
-  EXPECT_EQ(cuda::paged_attention(b, nullptr, nullptr, kv, 0, 8, 3, 64, stream_),
+  EXPECT_EQ(cuda::paged_attention(b, nullptr, nullptr, kv, 0, 8, 3, 64, 1, nullptr, 0, stream_),
             cudaErrorInvalidValue);  // 8 heads over 3 KV heads
-  EXPECT_EQ(cuda::paged_attention(b, nullptr, nullptr, kv, 0, 8, 2, 512, stream_),
+  EXPECT_EQ(cuda::paged_attention(b, nullptr, nullptr, kv, 0, 8, 2, 512, 1, nullptr, 0, stream_),
             cudaErrorInvalidValue);  // head_dim over 256
+  EXPECT_EQ(cuda::paged_attention(b, nullptr, nullptr, kv, 0, 8, 2, 64, 5000, nullptr, 0, stream_),
+            cudaErrorInvalidValue);  // several splits and no scratch for them
 }
 
 }  // namespace

@@ -4,9 +4,21 @@
 // the handful of operations a Llama-family layer needs. The forward pass only talks to this
 // interface, so it does not know which backend it runs on.
 //
-// Memory: every float pointer is an activation buffer in the backend's memory (host memory for
-// the CPU backend). Weights are TensorViews in their file dtype; the backend converts them inside
-// its kernels. Activations are row-major [n_tokens, width]; a "row stride" is in floats.
+// Memory: every float pointer is in the backend's memory (host memory for the CPU backend,
+// device memory for CUDA): activation buffers from alloc(), constant vectors (norm weights,
+// biases, RoPE frequencies) from upload(). Weights are TensorViews in their file dtype, handed
+// to prepare_weights() once (a device backend uploads them there, converting where its kernels
+// need another layout); matmul() and embedding() then take the same TensorView. Activations are
+// row-major [n_tokens, width]; a "row stride" is in floats. Results reach the host through
+// to_host(). A KV pool's storage comes from make_kv_storage(), so that it lives where the
+// backend's kernels read it.
+//
+// Order: a backend may run its operations asynchronously (CUDA: one stream), in call order.
+// Index arrays (TokenBatch, token ids) are host memory handed to begin_batch() once per
+// sub-batch; the operations until the next begin_batch() read that copy (a device backend
+// uploads it once), whatever host pointers their arguments carry. After write_kv() of a layer the
+// model calls mark_kv_written(layer); kv_written(layer, wait) says whether those K/V are in the
+// pool's memory (with wait, once they are), so the per-layer KV export overlaps later layers.
 //
 // Batch invariance: every operation computes each token's output with a reduction order that
 // depends only on that token's data (and, for attention, its position and its sequence's keys,
@@ -20,9 +32,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 
+#include "cleave/common/status.h"
 #include "cleave/common/thread_pool.h"
 #include "cleave/kvcache/kv_layout.h"
+#include "cleave/kvcache/kv_storage.h"
 #include "cleave/model/model_config.h"
 #include "cleave/model/tensor_view.h"
 
@@ -39,6 +54,8 @@ struct TokenBatch {
   const int64_t* seq_blocks = nullptr;  // [n_seqs]: sequence s's block table is block_ids +
                                         // seq_blocks[s]; it covers positions 0..max position
   const BlockId* block_ids = nullptr;   // the block tables of all sequences, concatenated
+  int32_t n_seqs = 0;                   // entries of seq_blocks
+  int64_t n_block_ids = 0;              // entries of block_ids
 };
 
 // A paged KV pool (kvcache/kv_layout.h): the unit (layer, block) is K of block_size tokens
@@ -94,6 +111,29 @@ struct RopeArgs {
   const float* inv_freq = nullptr;  // head_dim / 2 angular frequencies (scaling applied)
 };
 
+// A byte range of a KV pool (kv_layout.h offsets).
+struct KvRange {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// A host mirror of a KV pool in device memory, for a transfer engine whose provider cannot
+// reach device memory (no FI_HMEM: tcp, shm, Debian's libfabric): pinned host memory of the
+// pool's size and layout. The prefill side copies each layer's new K/V to the mirror before
+// the writes read it; the decode side receives into the mirror and copies a request's blocks
+// to the device before its first decode step. Costs host memory equal to the pool.
+// Thread-safety: one caller at a time (the engine thread).
+class KvStaging {
+ public:
+  virtual ~KvStaging() = default;
+  virtual std::byte* host() = 0;
+  virtual uint64_t size_bytes() const = 0;
+  // Copies the ranges device -> mirror (to_host) or mirror -> device, and returns once they are
+  // done. Ranges must lie inside the pool.
+  virtual Status to_host(std::span<const KvRange> ranges) = 0;
+  virtual Status to_device(std::span<const KvRange> ranges) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -101,6 +141,34 @@ class Backend {
   virtual const char* name() const = 0;
   // Compute threads (1 for a backend without host threads).
   virtual int threads() const = 0;
+  // -1 for host memory; else the CUDA device whose memory the backend computes in.
+  virtual int device() const = 0;
+
+  // ---- memory (set-up; none of these is called per step) ----
+  // n floats of zeroed activation memory, owned by the backend (freed with it).
+  virtual Result<float*> alloc(int64_t n) = 0;
+  // A copy of `host` in backend memory, owned by the backend.
+  virtual Result<const float*> upload(std::span<const float> host) = 0;
+  // Makes these weight tensors ready for matmul() and embedding() (uploads them once). A tensor
+  // handed again is skipped. Errors: a dtype the backend cannot read, memory.
+  virtual Status prepare_weights(std::span<const TensorView* const> tensors) = 0;
+  // Storage for a KV pool of `bytes` bytes where the backend's kernels read it.
+  virtual Result<std::unique_ptr<KvStorage>> make_kv_storage(uint64_t bytes) = 0;
+  // A host mirror of `pool` (storage from make_kv_storage). FailedPrecondition for a pool in
+  // host memory (it needs none).
+  virtual Result<std::unique_ptr<KvStaging>> make_kv_staging(KvStorage& pool) = 0;
+
+  // ---- per step ----
+  // The index arrays and token ids of the next operations (see "Order" above).
+  virtual void begin_batch(const TokenBatch& batch, std::span<const int32_t> tokens) = 0;
+  virtual void mark_kv_written(int64_t layer) = 0;
+  virtual bool kv_written(int64_t layer, bool wait) = 0;
+  // n floats of backend memory at `src`, readable on the host once this returns (it waits for
+  // the work before it); valid until the next to_host() call or operation.
+  virtual const float* to_host(const float* src, int64_t n) = 0;
+  // The first error of an operation since the last check() (a failed launch or device fault on
+  // CUDA; the device may be unusable after it), else Ok. Always Ok on the CPU.
+  virtual Status check() = 0;
 
   // Reserves per-thread scratch for attention over up to `max_context` keys. Called once by the
   // model before the first forward pass; attention() never allocates afterwards.
@@ -109,7 +177,8 @@ class Backend {
   // y[t] = W x[t] for t in [0, n_tokens): W is [rows, cols], x is [n_tokens, cols] and y is
   // [n_tokens, rows] (both contiguous).
   virtual void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y) = 0;
-  // out[t] = row tokens[t] of `table` as f32 ([n_tokens, cols]). Ids must be in range.
+  // out[t] = row tokens[t] of `table` as f32 ([n_tokens, cols]), the tokens being those of
+  // begin_batch() (the same as `tokens`). Ids must be in range.
   virtual void embedding(const TensorView& table, std::span<const int32_t> tokens,
                          float* out) = 0;
   // out[t] = x[t] / rms(x[t]) * weight, rows of `dim`; x and out may alias.
@@ -128,5 +197,13 @@ class Backend {
 
 // The CPU backend over cpu_kernels.h, threaded over `pool` (which must outlive it).
 std::unique_ptr<Backend> make_cpu_backend(ThreadPool& pool);
+
+// The backend that engine.device names: "cpu", "cuda" (device 0) or "cuda:N". `pool` is the CPU
+// backend's (it must outlive the result). InvalidArgument for another name; Unavailable when
+// this build has no CUDA backend (CLEAVE_WITH_CUDA off, or no nvcc at build time) or the device
+// cannot be used (no driver, no such device), with the reason.
+Result<std::unique_ptr<Backend>> make_backend(std::string_view device, ThreadPool& pool);
+// Whether `device` is a name make_backend() takes (cpu, cuda, cuda:N); for settings validation.
+bool valid_device_name(std::string_view device);
 
 }  // namespace cleave

@@ -10,6 +10,7 @@
 namespace cleave {
 
 struct EngineSettings {
+  std::string device = "cpu";  // the compute backend: cpu | cuda | cuda:N
   int64_t threads = 0;      // compute threads; 0 = one per online CPU
   int64_t max_context = 0;  // 0 = the model's context length
   int64_t block_size = 16;                 // tokens per KV block

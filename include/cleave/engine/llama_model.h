@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cleave/common/status.h"
@@ -26,6 +27,9 @@ struct EngineOptions {
   // Most tokens run through one layer at a time; forward_batch() splits larger batches into
   // sub-batches of this size (scratch memory is sized for it). Logits do not depend on it.
   int64_t max_batch_tokens = 256;
+  // The backend (engine.device): "cpu", "cuda" or "cuda:N" (backend.h make_backend). On a GPU
+  // the weights are uploaded at create(); KV pools come from create_kv_pool().
+  std::string device = "cpu";
 };
 
 // One sequence's share of a forward_batch() call.
@@ -65,6 +69,10 @@ class LlamaModel {
   int64_t max_context() const;
   ThreadPool& pool();
   Backend& backend();
+  // A KV pool of that layout whose storage is where the backend computes (device memory on
+  // CUDA); forward_batch() refuses a pool in other memory. Errors: a bad layout, memory.
+  Result<std::unique_ptr<KvBlockPool>> create_kv_pool(int64_t block_size, int64_t num_blocks,
+                                                      DType kv_dtype = DType::kF32);
   // The KV pool layout this model reads and writes: `num_blocks` blocks of `block_size` tokens,
   // K/V stored as `kv_dtype` (f32, f16 or bf16; attention converts rows to f32 as it reads).
   KvLayout kv_layout(int64_t block_size, int64_t num_blocks, DType kv_dtype = DType::kF32) const;

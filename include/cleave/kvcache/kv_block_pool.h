@@ -1,5 +1,5 @@
-// The paged KV block pool of one worker: one buffer (see kv_layout.h), a block allocator with
-// reference counts, and the prefix cache.
+// The paged KV block pool of one worker: one buffer (see kv_layout.h) in its storage (host or
+// device memory, kv_storage.h), a block allocator with reference counts, and the prefix cache.
 //
 // Block states (every block is in exactly one):
 //   free    - holds nothing reusable; refcount 0
@@ -36,22 +36,26 @@
 
 #include "cleave/common/status.h"
 #include "cleave/kvcache/kv_layout.h"
+#include "cleave/kvcache/kv_storage.h"
 
 namespace cleave {
 
 class KvBlockPool {
  public:
-  // Allocates the buffer (anonymous memory, zeroed, 2 MiB-aligned so it can be registered for
-  // RDMA; committed up front with MADV_POPULATE_WRITE where the kernel has it, so that steps
-  // never page-fault and a pool the machine cannot hold fails here). Every block starts free.
-  // InvalidArgument for a bad layout; ResourceExhausted (naming the byte count) when the memory
-  // cannot be had.
-  static Result<std::unique_ptr<KvBlockPool>> create(const KvLayout& layout);
+  // A pool over `storage` (at least layout.total_bytes(), zeroed), or with no storage given over
+  // host memory from make_host_kv_storage (anonymous, 2 MiB-aligned for RDMA, committed up
+  // front). Every block starts free. InvalidArgument for a bad layout or a storage too small;
+  // ResourceExhausted (naming the byte count) when host memory cannot be had.
+  static Result<std::unique_ptr<KvBlockPool>> create(const KvLayout& layout,
+                                                     std::unique_ptr<KvStorage> storage = nullptr);
   ~KvBlockPool();
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
 
   const KvLayout& layout() const { return layout_; }
+  const KvStorage& storage() const { return *storage_; }
+  // The buffer: host memory, or device memory when storage().on_device() (then never read on the
+  // host; k() and v() below are for host pools only).
   std::byte* data() { return data_; }
   const std::byte* data() const { return data_; }
   uint64_t size_bytes() const { return layout_.total_bytes(); }
@@ -110,6 +114,7 @@ class KvBlockPool {
   explicit KvBlockPool(const KvLayout& layout);
   struct State;
   KvLayout layout_;
+  std::unique_ptr<KvStorage> storage_;
   std::byte* data_ = nullptr;
   std::unique_ptr<State> state_;
   uint64_t evictions_ = 0;

@@ -20,12 +20,19 @@
 // more; released; expired; shutdown). The decode worker revokes there the memory key it gave the
 // writer, so that a late write never lands in reused blocks. A reserve() that fails never runs
 // it. end_all() (shutdown) and the destructor run the fences of the reservations still held.
+// Where a key cannot be revoked (EFA and verbs: the provider's registration cache hands every
+// registration of the pool the same key, and a registration of its own per reservation would pin
+// the whole pool each time), the reservation is made with a hold instead: when it is released or
+// expires, its blocks stay held ("held after their end") until the later of then and its lease
+// deadline, plus the hold (a bound on a write posted before the writer's lease ended); only then
+// do they go back to the pool. A consumed reservation is not held (its KV is in place: every
+// write completed before the notice); nor is one ended by shutdown.
 //
-// Admission waits for held blocks: schedule() tells the Scheduler how many blocks reservations
-// and pins hold. They all come back in bounded time (a lease ends; a pin is released when its
-// transfer ends, which the transfer engine bounds), so a sequence that does not fit now but
-// would once they are back waits (StepPlan::blocked) instead of failing; one that needs more
-// blocks than the whole pool fails with ResourceExhausted. Pending prefilled blocks are not
+// Admission waits for held blocks: schedule() tells the Scheduler how many blocks reservations,
+// pins and holds keep. They all come back in bounded time (a lease or a hold ends; a pin is
+// released when its transfer ends, which the transfer engine bounds), so a sequence that does
+// not fit now but would once they are back waits (StepPlan::blocked) instead of failing; one
+// that needs more blocks than the whole pool fails with ResourceExhausted. Pending prefilled blocks are not
 // counted as coming back: they wait for a running slot, which a stalled sequence may be the
 // one to hold, and counting them could wait forever.
 //
@@ -62,6 +69,7 @@ struct LedgerCounters {
   uint64_t leases_expired = 0;         // reservations whose lease ended unconsumed
   uint64_t reservations_released = 0;  // ended by release_reservation()
   uint64_t leases_renewed = 0;         // renew_lease() calls that found the reservation
+  uint64_t reservations_held = 0;      // released or expired ones whose blocks were held after
 };
 
 class BlockLedger {
@@ -89,9 +97,17 @@ class BlockLedger {
   // InvalidArgument for num_tokens < 1 or a lease under 1 ms; AlreadyExists when `id` has a
   // reservation, a pending prefilled sequence or a sequence; ResourceExhausted when the pool
   // cannot give them now (nothing taken or evicted). On error `on_end` is dropped unrun.
+  // `hold` > 0: released or expired, its blocks stay held until max(then, the lease deadline) +
+  // hold (see "Fences" above).
   Result<std::vector<BlockId>> reserve(SequenceId id, int64_t num_tokens,
-                                       std::chrono::milliseconds lease, ReservationFence on_end);
+                                       std::chrono::milliseconds lease, ReservationFence on_end,
+                                       std::chrono::milliseconds hold = std::chrono::milliseconds(0));
   bool has_reservation(SequenceId id) const { return reservations_.count(id) != 0; }
+  // The blocks reserved under `id` in position order; null when there is no reservation.
+  const std::vector<BlockId>* reservation_blocks(SequenceId id) const {
+    auto it = reservations_.find(id);
+    return it == reservations_.end() ? nullptr : &it->second.blocks;
+  }
   // Gives the blocks back after the fence (kReleased). false when there is none under `id`.
   bool release_reservation(SequenceId id);
   // The reservation's lease runs again from now(): its deadline becomes now() + lease, unless it
@@ -99,12 +115,13 @@ class BlockLedger {
   // worker's queue longer than the lease (the router renews while the Prefill runs). false when
   // there is none under `id` (consumed, released, expired) or the lease is under 1 ms.
   bool renew_lease(SequenceId id, std::chrono::milliseconds lease);
-  // The soonest lease deadline; nullopt without reservations.
+  // The soonest lease deadline or end of a hold; nullopt without either.
   std::optional<Clock::time_point> next_deadline() const;
-  // Ends (kExpired) every reservation whose deadline is <= now() and for which `spare` (may be
-  // empty) is not true; returns their ids, in deadline order.
+  // Gives back the held blocks whose hold has ended, then ends (kExpired) every reservation whose
+  // deadline is <= now() and for which `spare` (may be empty) is not true; returns their ids,
+  // in deadline order.
   std::vector<SequenceId> expire_leases(const std::function<bool(SequenceId)>& spare = {});
-  // Ends every reservation with kShutdown (blocks back to the pool).
+  // Ends every reservation with kShutdown and gives back the held blocks (all to the pool).
   void end_all();
 
   // ---- prefilled admission (decode side) ----
@@ -131,14 +148,17 @@ class BlockLedger {
   int64_t num_reservations() const { return static_cast<int64_t>(reservations_.size()); }
   int64_t blocks_reserved() const { return blocks_reserved_; }
   int64_t blocks_pinned() const { return blocks_pinned_; }
+  int64_t blocks_held() const { return blocks_held_; }  // of ended reservations, until their hold ends
   int64_t num_pending() const { return static_cast<int64_t>(pending_.size()); }
   int64_t blocks_pending() const { return blocks_pending_; }
-  // Reserved plus pinned: the blocks that come back in bounded time (what admission waits for).
-  int64_t blocks_coming_back() const { return blocks_reserved_ + blocks_pinned_; }
+  // Reserved, pinned and held: the blocks that come back in bounded time (what admission waits
+  // for).
+  int64_t blocks_coming_back() const { return blocks_reserved_ + blocks_pinned_ + blocks_held_; }
   const LedgerCounters& counters() const { return counters_; }
-  // Nothing running, waiting, pending, reserved or pinned.
+  // Nothing running, waiting, pending, reserved, pinned or held.
   bool idle() const {
-    return scheduler_.idle() && reservations_.empty() && pinned_.empty() && pending_.empty();
+    return scheduler_.idle() && reservations_.empty() && pinned_.empty() && pending_.empty() &&
+           held_.empty();
   }
 
  private:
@@ -146,6 +166,11 @@ class BlockLedger {
     std::vector<BlockId> blocks;
     Clock::time_point deadline;
     ReservationFence on_end;
+    std::chrono::milliseconds hold{0};
+  };
+  struct Held {
+    Clock::time_point until;
+    std::vector<BlockId> blocks;
   };
   struct Pending {
     SequenceId id;
@@ -153,8 +178,11 @@ class BlockLedger {
     int32_t first_token;
     std::vector<BlockId> blocks;
   };
-  // Runs the fence, then releases the blocks and forgets the reservation.
+  // Runs the fence, then releases the blocks (or holds them, released or expired with a hold)
+  // and forgets the reservation.
   void end_reservation(std::unordered_map<SequenceId, Reservation>::iterator it, ReservationEnd how);
+  // Gives back the held blocks whose hold ended by `now` (all of them with `all`).
+  void release_held(Clock::time_point now, bool all);
   // Fence first, then the blocks leave the reservation (returned, still claimed).
   std::vector<BlockId> take_reservation(std::unordered_map<SequenceId, Reservation>::iterator it,
                                         ReservationEnd how);
@@ -165,6 +193,8 @@ class BlockLedger {
   std::unordered_map<SequenceId, Reservation> reservations_;
   std::unordered_map<SequenceId, std::vector<BlockId>> pinned_;
   std::deque<Pending> pending_;
+  std::vector<Held> held_;
+  int64_t blocks_held_ = 0;
   int64_t blocks_reserved_ = 0;
   int64_t blocks_pinned_ = 0;
   int64_t blocks_pending_ = 0;

@@ -116,6 +116,15 @@ class TransferEngine {
 
   // "tcp;ofi_rxm", "shm", "efa"...: what libfabric actually gave us.
   const std::string& provider() const;
+  // Whether the provider was opened with FI_HMEM: it can register CUDA memory (GPUDirect).
+  bool hmem() const;
+  // Whether a registration of its own per use, deregistered after, is a cheap and real
+  // revocation on this provider: true for tcp and shm (keys we choose, a table entry each);
+  // false for efa, verbs and the rest, whose registration cache hands a second registration of
+  // the same memory the first one's key (deregistering it revokes nothing) and where a fresh
+  // registration would pin the whole region again.
+  bool revokes_keys() const { return provider_revokes_keys(provider()); }
+  static bool provider_revokes_keys(std::string_view provider);
   uint64_t engine_id() const;
   int rails() const;
   // Serialized endpoint names of every rail plus the engine id, for the control plane.

@@ -84,6 +84,11 @@ struct EngineLoopOptions {
   DType kv_dtype = DType::kF32;             // K/V element type: f32, f16 or bf16
   SchedulerOptions scheduler;
   std::string thread_name = "engine";
+  // A pool in device memory gets a host mirror (Backend::make_kv_staging) that the transfer
+  // engine registers instead (kv_transfer_data()): each exported layer's K/V are copied to it
+  // before the writes, and a prefilled request's blocks are copied from it to the device before
+  // it decodes. For transfer providers that cannot reach device memory.
+  bool kv_staging = false;
 };
 
 // Receives a prefill's KV as it is computed (see "Disaggregation" above). Called on the engine
@@ -176,6 +181,7 @@ struct EngineStats {
   int64_t reservations = 0;         // reservations not yet consumed or ended
   int64_t blocks_reserved = 0;      // blocks those hold
   int64_t blocks_pinned = 0;        // blocks of ended prefills held until release_pinned()
+  int64_t blocks_held = 0;          // of ended reservations, until their hold ends
   uint64_t leases_expired = 0;      // reservations whose lease ended unconsumed
   uint64_t reservations_released = 0;  // ended by release_reservation()
   uint64_t leases_renewed = 0;      // renew_reservation() calls that extended a lease
@@ -221,16 +227,19 @@ class EngineLoop {
   // state lock, after `done` delivered the blocks; when `done` gets an error it never runs (the
   // caller revokes). shutdown() runs those of the reservations still held, on its own thread once
   // the engine thread has stopped (so their target must still be alive then; the destructor's
-  // shutdown() finds none left).
+  // shutdown() finds none left). Where the key cannot be revoked, `hold` > 0 keeps a released or
+  // expired reservation's blocks held that long after its lease deadline (BlockLedger::reserve).
   using ReserveCallback = std::function<void(Result<std::vector<BlockId>>)>;
   Status reserve_async(RequestId id, int64_t num_tokens, std::chrono::milliseconds lease,
-                       ReservationFence on_end, ReserveCallback done);
+                       ReservationFence on_end, ReserveCallback done,
+                       std::chrono::milliseconds hold = std::chrono::milliseconds(0));
   // reserve_async() that waits for the result (at most the bookkeeping of one engine step; for
   // in-process callers and tests, not for RPC threads). Its errors are reserve_async()'s and
   // `done`'s.
   Result<std::vector<BlockId>> reserve(RequestId id, int64_t num_tokens,
                                        std::chrono::milliseconds lease,
-                                       ReservationFence on_end = {});
+                                       ReservationFence on_end = {},
+                                       std::chrono::milliseconds hold = std::chrono::milliseconds(0));
   // Gives a reservation's blocks back (in the engine's next iteration; does not wait). false
   // when there is none under `id` (consumed, released or expired).
   bool release_reservation(RequestId id);
@@ -255,9 +264,13 @@ class EngineLoop {
 
   const ModelConfig& config() const { return model_->config(); }
   const KvLayout& kv_layout() const { return pool_->layout(); }
-  // The KV pool's buffer (for registration with the transfer engine); fixed for the loop's life.
+  // The KV pool's buffer; fixed for the loop's life. In device memory when kv_device() >= 0.
   std::byte* kv_data() const { return pool_->data(); }
   uint64_t kv_bytes() const { return pool_->size_bytes(); }
+  int kv_device() const { return pool_->storage().device(); }
+  // What the transfer engine registers: the host mirror with kv_staging, else kv_data().
+  std::byte* kv_transfer_data() const { return staging_ ? staging_->host() : pool_->data(); }
+  bool kv_staged() const { return staging_ != nullptr; }
 
  private:
   struct RequestState;
@@ -294,6 +307,11 @@ class EngineLoop {
   std::unique_ptr<LlamaModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<KvBlockPool> pool_;
+  std::unique_ptr<KvStaging> staging_;  // opts.kv_staging: the pool's host mirror
+  // Engine thread: copies (layer, block) units of `blocks` for layers [l0, l1) between the pool
+  // and its mirror (runs of consecutive ids coalesce into one copy).
+  Status stage_blocks(std::span<const BlockId> blocks, int64_t l0, int64_t l1, bool to_device);
+  std::vector<KvRange> stage_ranges_;
   EngineLoopOptions opts_;
   BlockLedger ledger_;    // every claim on pool_
   Scheduler& scheduler_;  // ledger_'s running and waiting sequences

@@ -19,6 +19,12 @@ struct WorkerSettings {
   std::string id;                      // empty: "<role>-<pid>"
   // How long a decode worker keeps blocks reserved for a prefill's KV (Reserve's lease_ms 0).
   int64_t lease_ms = 10000;
+  // Decode worker: how a late KV write is kept out of blocks reused by another request.
+  // revoke: a memory key per reservation, revoked when it ends; hold: the pool's one key, and a
+  // released or expired reservation's blocks held until its lease deadline plus
+  // transfer.completion_timeout_ms plus 1 s; auto: revoke where the provider can
+  // (TransferEngine::revokes_keys: tcp, shm), else hold (efa, verbs).
+  std::string kv_fence = "auto";
   // Longest a Prefill RPC waits for its prompt's compute (queueing included) before it fails.
   int64_t prefill_timeout_ms = 120000;
   // SIGTERM: stop taking requests (health NOT_SERVING), let running ones finish for at most

@@ -2,11 +2,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "../cpu/kv_convert.h"
 #include "cleave/engine/backend.h"
 #include "cleave/engine/cpu_kernels.h"
+#include "fmt/format.h"
 
 namespace cleave {
 namespace {
@@ -26,6 +28,31 @@ class CpuBackend final : public Backend {
 
   const char* name() const override { return "cpu"; }
   int threads() const override { return pool_.size(); }
+  int device() const override { return -1; }
+
+  Result<float*> alloc(int64_t n) override {
+    if (n < 0) return InvalidArgument(fmt::format("alloc of {} floats", n));
+    buffers_.emplace_back(static_cast<size_t>(n), 0.0f);
+    return buffers_.back().data();
+  }
+  Result<const float*> upload(std::span<const float> host) override {
+    buffers_.emplace_back(host.begin(), host.end());
+    return buffers_.back().data();
+  }
+  // The kernels read every file dtype in place (the mmapped file is the weights' memory).
+  Status prepare_weights(std::span<const TensorView* const>) override { return Status::Ok(); }
+  Result<std::unique_ptr<KvStorage>> make_kv_storage(uint64_t bytes) override {
+    return make_host_kv_storage(bytes);
+  }
+  Result<std::unique_ptr<KvStaging>> make_kv_staging(KvStorage&) override {
+    return FailedPrecondition("the cpu backend's KV pool is in host memory: it needs no staging");
+  }
+  // Synchronous: every operation is done when it returns, and reads its arguments' host arrays.
+  void begin_batch(const TokenBatch&, std::span<const int32_t>) override {}
+  void mark_kv_written(int64_t) override {}
+  bool kv_written(int64_t, bool) override { return true; }
+  const float* to_host(const float* src, int64_t) override { return src; }
+  Status check() override { return Status::Ok(); }
 
   void reserve_attention(int64_t max_context) override {
     capacity_ = kHeadsPerPass * std::max<int64_t>(max_context, 1);
@@ -230,6 +257,7 @@ class CpuBackend final : public Backend {
   }
 
   ThreadPool& pool_;
+  std::deque<std::vector<float>> buffers_;  // alloc() and upload() (a deque never moves them)
   int64_t capacity_ = 0;                    // floats in each scores_ buffer
   std::vector<std::vector<float>> scores_;  // one per pool slot
   std::vector<int64_t> bounds_;             // attention: first item of each slot, then the end

@@ -41,7 +41,7 @@ Result<PerplexityResult> compute_perplexity(LlamaModel& model, std::span<const i
 
   constexpr int64_t kBlockSize = 16;
   const int64_t blocks = (ctx + kBlockSize - 1) / kBlockSize;
-  CLEAVE_ASSIGN_OR_RETURN(auto kv, KvBlockPool::create(model.kv_layout(kBlockSize, blocks)));
+  CLEAVE_ASSIGN_OR_RETURN(auto kv, model.create_kv_pool(kBlockSize, blocks));
   std::vector<BlockId> table;
   CLEAVE_RETURN_IF_ERROR(kv->allocate(blocks, table));
 

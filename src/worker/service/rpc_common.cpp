@@ -124,6 +124,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::GetLoad(grpc::CallbackServerContext* ctx,
     out->set_requests_failed(s.requests_failed);
     out->set_requests_cancelled(s.requests_cancelled);
     out->set_blocks_pinned(s.blocks_pinned);
+    out->set_blocks_held(s.blocks_held);
     out->set_prefill_tokens(core_.prefill_tokens.load(std::memory_order_relaxed));
     return Status::Ok();
   });

@@ -48,13 +48,19 @@ grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
     // reservation ends, before its blocks can be reused, so that a write still on its way then
     // (a partition can hold one in a socket buffer for minutes) is refused by the provider
     // instead of landing in another request's KV. Offsets are those of the pool registration.
-    CLEAVE_ASSIGN_OR_RETURN(transfer::MemoryRegion key,
-                            core_.transfer->register_memory(core_.engine->kv_data(),
-                                                            core_.engine->kv_bytes(),
-                                                            transfer::MemoryKind::host()));
+    // Where keys cannot be revoked (kv_fence_hold), the pool's own key, and the ledger holds the
+    // blocks of a released or expired reservation past its lease instead.
+    const bool own_key = core_.kv_fence_hold.count() == 0;
+    transfer::MemoryRegion key = core_.kv_region;
+    if (own_key) {
+      CLEAVE_ASSIGN_OR_RETURN(key, core_.transfer->register_memory(core_.kv_register_ptr,
+                                                                   core_.engine->kv_bytes(),
+                                                                   core_.kv_register_kind));
+    }
     transfer::TransferEngine* transfer = core_.transfer.get();
-    const uint64_t key_id = key.id;
+    const uint64_t key_id = own_key ? key.id : 0;
     auto revoke = [transfer, key_id, id] {
+      if (key_id == 0) return;
       Status s = transfer->deregister(key_id);
       if (!s.ok()) log::error("request {}: revoking its KV key failed: {}", id, s.message());
     };
@@ -94,7 +100,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
       reactor->Finish(count_rpc(core_, "Reserve", to_grpc(made)));
     };
     Status q = core_.engine->reserve_async(id, num_tokens, lease, std::move(on_end),
-                                           std::move(on_reserved));
+                                           std::move(on_reserved), core_.kv_fence_hold);
     if (!q.ok()) {
       revoke();
       return q;

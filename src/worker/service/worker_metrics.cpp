@@ -54,6 +54,10 @@ Status WorkerMetrics::init() {
                                "1 while the worker drains (SIGTERM: no new requests, running ones "
                                "finish), else 0.",
                                &draining));
+  CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_transfer_staged",
+                               "1 when KV transfers of a GPU KV pool go through a pinned host "
+                               "mirror (the transfer provider has no FI_HMEM), else 0.",
+                               &kv_transfer_staged));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_total", "KV blocks in the pool.", &blocks_total_));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_free", "KV blocks free.", &blocks_free_));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_cached",
@@ -67,6 +71,10 @@ Status WorkerMetrics::init() {
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_pinned",
                                "KV blocks of ended prefills held until their transfer ends.",
                                &blocks_pinned_));
+  CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_blocks_held",
+                               "KV blocks of released or expired reservations, held until a late "
+                               "write can no longer land (worker.kv_fence hold).",
+                               &blocks_held_));
   CLEAVE_RETURN_IF_ERROR(gauge("cleave:kv_reservations",
                                "Reservations waiting for their KV (decode).", &reservations_));
 
@@ -164,6 +172,7 @@ std::string WorkerMetrics::render(const EngineStats& s, int64_t reservations_wai
     blocks_used_->set(static_cast<double>(s.blocks_used));
     blocks_reserved_->set(static_cast<double>(s.blocks_reserved));
     blocks_pinned_->set(static_cast<double>(s.blocks_pinned));
+    blocks_held_->set(static_cast<double>(s.blocks_held));
     reservations_->set(static_cast<double>(reservations_waiting));
     finished_.advance(s.requests_finished);
     failed_.advance(s.requests_failed);

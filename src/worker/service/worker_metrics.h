@@ -30,6 +30,9 @@ class WorkerMetrics {
                   const std::string& instance_type, const std::string& profile,
                   std::string_view version);
   metrics::Gauge* draining = nullptr;  // 1 from SIGTERM on
+  // 1 when KV transfers go through a host mirror of a GPU pool (no FI_HMEM): a slow path that
+  // dashboards must show.
+  metrics::Gauge* kv_transfer_staged = nullptr;
 
   metrics::Histogram* kv_handoff_tail_seconds = nullptr;
   metrics::Histogram* kv_transfer_seconds = nullptr;
@@ -57,6 +60,7 @@ class WorkerMetrics {
   metrics::Gauge* blocks_used_ = nullptr;
   metrics::Gauge* blocks_reserved_ = nullptr;
   metrics::Gauge* blocks_pinned_ = nullptr;
+  metrics::Gauge* blocks_held_ = nullptr;
   metrics::Gauge* reservations_ = nullptr;
 
   // Engine counters, advanced by the difference since the last scrape.

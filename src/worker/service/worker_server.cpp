@@ -102,11 +102,19 @@ Status WorkerServer::Impl::load(const WorkerConfig& config) {
   EngineOptions model_opts;
   model_opts.threads = static_cast<int>(config.engine.threads);
   model_opts.max_context = config.engine.max_context;
+  model_opts.device = config.engine.device;
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model, LlamaModel::create(file, model_opts));
   core.max_context = model->max_context();
 
   EngineLoopOptions opts = engine_loop_options(config.engine);
   opts.scheduler.hash_seed = prefix_hash_seed_for_model(core.model_fingerprint);
+  if (core.role != WorkerRole::kUnified) {
+    // Before the engine: whether a GPU pool is reached directly or through a host mirror
+    // depends on the provider.
+    CLEAVE_ASSIGN_OR_RETURN(core.transfer,
+                            transfer::TransferEngine::create(config.transfer, is_loopback(host)));
+    opts.kv_staging = model->backend().device() >= 0 && !core.transfer->hmem();
+  }
   CLEAVE_ASSIGN_OR_RETURN(core.engine, EngineLoop::create(std::move(model),
                                                           std::shared_ptr<const Tokenizer>(std::move(tok)),
                                                           opts));
@@ -118,16 +126,42 @@ Status WorkerServer::Impl::load(const WorkerConfig& config) {
             layout.num_blocks, layout.block_size, core.engine->kv_bytes() >> 20);
 
   if (core.role != WorkerRole::kUnified) {
-    CLEAVE_ASSIGN_OR_RETURN(core.transfer,
-                            transfer::TransferEngine::create(config.transfer, is_loopback(host)));
+    core.kv_register_ptr = core.engine->kv_transfer_data();
+    core.kv_register_kind = core.engine->kv_device() >= 0 && !core.engine->kv_staged()
+                                ? transfer::MemoryKind::cuda(core.engine->kv_device())
+                                : transfer::MemoryKind::host();
+    if (core.engine->kv_staged()) {
+      log::warn("worker {}: the KV pool is in cuda:{} memory and transfer provider {} cannot "
+                "reach it (no FI_HMEM): KV goes through a pinned host mirror of {} MiB, a copy "
+                "each way per transfer (GPUDirect needs a provider with FI_HMEM, e.g. efa with "
+                "transfer.hmem)",
+                core.id, core.engine->kv_device(), core.transfer->provider(),
+                core.engine->kv_bytes() >> 20);
+    } else if (core.engine->kv_device() >= 0) {
+      log::info("worker {}: KV transfers read and write cuda:{} memory directly (FI_HMEM)",
+                core.id, core.engine->kv_device());
+    }
     CLEAVE_ASSIGN_OR_RETURN(core.kv_region,
-                            core.transfer->register_memory(core.engine->kv_data(),
+                            core.transfer->register_memory(core.kv_register_ptr,
                                                            core.engine->kv_bytes(),
-                                                           transfer::MemoryKind::host()));
-    log::info("worker {}: KV pool registered with the transfer engine ({}, {} rail(s))", core.id,
-              core.transfer->provider(), core.transfer->rails());
+                                                           core.kv_register_kind));
+    const std::string& fence = config.worker.kv_fence;
+    if (fence == "hold" || (fence == "auto" && !core.transfer->revokes_keys())) {
+      // A write posted before the writer's lease ended completes, or fails within the
+      // completion timeout and its endpoint is rebuilt; the second is slack for the clocks of
+      // the two hosts' lease bounds (the writer's starts when its Prefill arrives).
+      core.kv_fence_hold = std::chrono::milliseconds(config.transfer.completion_timeout_ms + 1000);
+    }
+    log::info("worker {}: KV pool registered with the transfer engine ({}, {} rail(s)); late "
+              "writes fenced by {}",
+              core.id, core.transfer->provider(), core.transfer->rails(),
+              core.kv_fence_hold.count() > 0
+                  ? fmt::format("holding ended reservations' blocks {} ms past their lease",
+                                core.kv_fence_hold.count())
+                  : std::string("a key per reservation, revoked at its end"));
   }
   CLEAVE_RETURN_IF_ERROR(core.metrics.init());
+  core.metrics.kv_transfer_staged->set(core.engine->kv_staged() ? 1 : 0);
   return core.metrics.set_info(core.id, worker_role_name(core.role), config.worker.instance_type,
                                config.worker.profile, kVersion);
 }

@@ -45,6 +45,7 @@ TEST_P(DisaggregationTest, ManyPromptsGiveTheSameTokensDisaggregatedUnifiedAndAl
   ASSERT_TRUE(tok.ok()) << tok.status().to_string();
   EngineOptions eo;
   eo.threads = 1;
+  eo.device = engine_device();
   auto model = LlamaModel::create(model_file, eo);
   ASSERT_TRUE(model.ok()) << model.status().to_string();
 
@@ -180,7 +181,7 @@ TEST_P(DisaggregationTest, GoldenStoriesTextThroughTheClientCommand) {
   auto& decode_proc = procs[1];
   ASSERT_TRUE(prefill_proc && decode_proc);
   const auto r = worker_testing::run_command(
-      {CLEAVE_BINARY, "client", "--prefill", prefill_proc->address(), "--decode",
+      {cleave_binary(), "client", "--prefill", prefill_proc->address(), "--decode",
        decode_proc->address(), "--model", stories_path(), "--prompt", "", "--max-tokens", "200",
        "--temperature", "0", "--seed", "0"},
       60s);
@@ -189,7 +190,7 @@ TEST_P(DisaggregationTest, GoldenStoriesTextThroughTheClientCommand) {
 
   // The same request as token ids (BOS = 1), with the JSON report.
   const auto j = worker_testing::run_command(
-      {CLEAVE_BINARY, "client", "--prefill", prefill_proc->address(), "--decode",
+      {cleave_binary(), "client", "--prefill", prefill_proc->address(), "--decode",
        decode_proc->address(), "--prompt-tokens", "1", "--max-tokens", "200", "--temperature",
        "0", "--json"},
       60s);

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "cleave/router/dispatch_options.h"
+#include <cstdlib>
+
 #include "cleave/router/run_request.h"
 #include "cleave/worker/worker_client.h"
 #include "fmt/format.h"
@@ -26,7 +28,21 @@ namespace cleave::worker_testing {
 
 using namespace std::chrono_literals;
 
-inline std::string models_dir() { return std::string(CLEAVE_SOURCE_DIR) + "/../shared/models"; }
+// CLEAVE_TEST_MODELS and CLEAVE_TEST_CLEAVE_BINARY override the build's paths (bench/gpu-check.sh
+// runs these tests from a packed folder on a GPU machine); CLEAVE_ENGINE_DEVICE=cuda puts every
+// started worker, and the in-process reference engine, on the GPU.
+inline std::string models_dir() {
+  if (const char* d = std::getenv("CLEAVE_TEST_MODELS")) return d;
+  return std::string(CLEAVE_SOURCE_DIR) + "/../shared/models";
+}
+inline std::string cleave_binary() {
+  if (const char* b = std::getenv("CLEAVE_TEST_CLEAVE_BINARY")) return b;
+  return CLEAVE_BINARY;
+}
+inline std::string engine_device() {
+  const char* d = std::getenv("CLEAVE_ENGINE_DEVICE");
+  return d && *d ? d : "cpu";
+}
 inline std::string stories_path() { return models_dir() + "/stories260K.gguf"; }
 
 inline std::string read_text(const std::string& path) {
@@ -106,7 +122,7 @@ inline std::unique_ptr<router::Dispatcher> ready_dispatcher(const router::Dispat
   return std::move(*d);
 }
 
-// Waits until the worker holds no block: nothing running, waiting, reserved or pinned, and
+// Waits until the worker holds no block: nothing running, waiting, reserved, pinned or held, and
 // every block free or cached.
 inline ::testing::AssertionResult drains(WorkerClient& w, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
@@ -115,6 +131,7 @@ inline ::testing::AssertionResult drains(WorkerClient& w, std::chrono::milliseco
     auto l = w.load();
     if (l.ok()) {
       if (l->blocks_used() == 0 && l->reservations() == 0 && l->blocks_pinned() == 0 &&
+          l->blocks_held() == 0 &&
           l->running() == 0 && l->waiting() == 0 &&
           l->blocks_free() + l->blocks_cached() == l->blocks_total()) {
         return ::testing::AssertionSuccess();
@@ -183,7 +200,7 @@ class WorkerProcessTest : public ::testing::TestWithParam<std::string> {
     std::vector<std::future<std::unique_ptr<WorkerProcess>>> starting;
     for (const WorkerSpec& w : specs) {
       WorkerProcess::Spec spec;
-      spec.binary = CLEAVE_BINARY;
+      spec.binary = cleave_binary();
       spec.role = w.role;
       spec.id = fmt::format("{}-{}", w.role, ++workers_started_);
       spec.model = w.model;

@@ -334,6 +334,85 @@ TEST(BlockLedgerTest, AdmissionWaitsForReservedBlocksInsteadOfFailing) {
   EXPECT_EQ(pool->used_blocks(), 0);
 }
 
+// Where keys cannot be revoked (EFA, verbs) a released or expired reservation's blocks stay
+// held until max(its end, its lease deadline) + the hold: a write posted before the writer's
+// lease ended cannot land in a block another request owns by then. Consumed and shutdown
+// reservations are not held; admission waits for held blocks as for reserved ones.
+TEST(BlockLedgerTest, HeldBlocksComeBackOnlyWhenTheHoldAfterTheLeaseEnds) {
+  auto pool = make_pool(8);
+  FakeClock clock;
+  FenceLog log;
+  BlockLedger ledger(*pool, opts(64), clock.fn());
+  ASSERT_TRUE(ledger.reserve(1, 8, 100ms, log.fence(1, *pool), 50ms).ok());  // released
+  ASSERT_TRUE(ledger.reserve(2, 8, 30ms, log.fence(2, *pool), 50ms).ok());   // expires
+  EXPECT_EQ(pool->used_blocks(), 4);
+
+  clock.t += 10ms;
+  ASSERT_TRUE(ledger.release_reservation(1));  // at 10 ms, its lease to 100 ms: held to 150 ms
+  EXPECT_EQ(log.calls.size(), 1u);             // the fence ran at the end, as ever
+  EXPECT_EQ(pool->used_blocks(), 4);
+  EXPECT_EQ(ledger.blocks_held(), 2);
+  EXPECT_EQ(ledger.blocks_reserved(), 2);
+  EXPECT_EQ(ledger.blocks_coming_back(), 4);
+  EXPECT_FALSE(ledger.idle());
+  EXPECT_FALSE(ledger.has_reservation(1));
+  EXPECT_FALSE(ledger.release_reservation(1));  // ended: nothing more under the id
+
+  EXPECT_EQ(ledger.next_deadline(), clock.t - 10ms + 30ms);  // 2's lease
+
+  clock.t += 25ms;  // 35 ms: 2 expires, held to 35 + 50 = 85 ms
+  ASSERT_EQ(ledger.expire_leases(), (std::vector<SequenceId>{2}));
+  EXPECT_EQ(ledger.blocks_held(), 4);
+  EXPECT_EQ(pool->used_blocks(), 4);
+  EXPECT_EQ(ledger.counters().reservations_held, 2u);
+  EXPECT_EQ(ledger.next_deadline(), clock.t + 50ms);
+
+  // A sequence that needs the held blocks waits for them instead of failing.
+  ASSERT_TRUE(ledger.scheduler().add(4, iota_tokens(20)).ok());  // 5 blocks; 4 free now
+  StepPlan plan;
+  ledger.schedule(plan);
+  EXPECT_TRUE(plan.empty());
+  EXPECT_TRUE(plan.blocked);
+  EXPECT_TRUE(plan.failed.empty());
+
+  clock.t += 50ms;  // 85 ms: 2's hold ends, 1's (150 ms) has not
+  EXPECT_TRUE(ledger.expire_leases().empty());
+  EXPECT_EQ(ledger.blocks_held(), 2);
+  EXPECT_EQ(pool->used_blocks(), 2);
+  EXPECT_EQ(ledger.next_deadline(), clock.t - 85ms + 150ms);
+  ledger.schedule(plan);
+  ASSERT_EQ(plan.chunks.size(), 1u);
+  EXPECT_EQ(plan.chunks[0].seq->id, 4u);
+  run_step(ledger.scheduler(), plan);
+  EXPECT_TRUE(ledger.finish(4));
+
+  clock.t += 64ms;  // 149 ms
+  (void)ledger.expire_leases();
+  EXPECT_EQ(ledger.blocks_held(), 2);
+  clock.t += 1ms;
+  (void)ledger.expire_leases();
+  EXPECT_EQ(ledger.blocks_held(), 0);
+  EXPECT_EQ(ledger.next_deadline(), std::nullopt);
+  EXPECT_TRUE(ledger.idle());
+  EXPECT_EQ(pool->used_blocks(), 0);
+
+  // Consumed: the KV is in place, the blocks go to the sequence, nothing is held.
+  ASSERT_TRUE(ledger.reserve(3, 8, 100ms, log.fence(3, *pool), 50ms).ok());
+  ASSERT_TRUE(ledger.add_prefilled(3, iota_tokens(8), 99).ok());
+  EXPECT_EQ(ledger.blocks_held(), 0);
+  EXPECT_TRUE(ledger.finish(3));
+  EXPECT_EQ(pool->used_blocks(), 0);
+  EXPECT_EQ(ledger.counters().reservations_held, 2u);
+
+  // Shutdown holds nothing: end_all() gives every block back at once.
+  ASSERT_TRUE(ledger.reserve(5, 8, 100ms, {}, 50ms).ok());
+  ASSERT_TRUE(ledger.release_reservation(5));
+  EXPECT_EQ(ledger.blocks_held(), 2);
+  ledger.end_all();
+  EXPECT_EQ(ledger.blocks_held(), 0);
+  EXPECT_EQ(pool->used_blocks(), 0);
+}
+
 TEST(BlockLedgerTest, TheOldestRunningSequenceWaitsForPinnedBlocksInsteadOfFailing) {
   auto pool = make_pool(6);
   BlockLedger ledger(*pool, opts(64));

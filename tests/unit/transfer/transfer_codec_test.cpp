@@ -70,6 +70,18 @@ TEST(PlanSlicesTest, CoalescesAdjacentRangesAndSlicesLargeOnes) {
   EXPECT_EQ(big[2].remote_offset, 2u << 20);
 }
 
+// Which providers revoke a key by deregistering it (worker.kv_fence auto picks by this): those
+// where the key is ours (tcp, shm), not efa and verbs, whose registration cache hands every
+// registration of the same memory one key.
+TEST(TransferEngineTest, OnlyTcpAndShmRevokeKeysByDeregistering) {
+  for (const char* p : {"tcp;ofi_rxm", "tcp", "shm", "sockets"}) {
+    EXPECT_TRUE(TransferEngine::provider_revokes_keys(p)) << p;
+  }
+  for (const char* p : {"efa", "verbs;ofi_rxm", "verbs", "psm3", "cxi", ""}) {
+    EXPECT_FALSE(TransferEngine::provider_revokes_keys(p)) << p;
+  }
+}
+
 TEST(TransferEngineTest, InProcessPairOverTcpWritesAndNotifies) {
   TransferSettings s;
   s.provider = "tcp;ofi_rxm";
