@@ -86,11 +86,12 @@ cudaError_t embedding(const void* table, ElemType type, int64_t cols, const int3
 // to the pool's type (round to nearest even, as the CPU backend's kv_store).
 cudaError_t write_kv(const DeviceTokenBatch& batch, const float* k, const float* v,
                      const DevicePagedKv& kv, int64_t layer, cudaStream_t stream);
-// Keys of one split of a token's attention: 256 times ceil(n_keys / 4096), so a token has at
-// most 16 splits; a function of the token's key count alone (batch invariance).
+// Keys of one split of a token's attention: 128 (a tile of 32 keys for each of a block's 4
+// warps) times ceil(n_keys / 2048), so a token has at most 16 splits; a function of the token's
+// key count alone (batch invariance).
 __host__ __device__ inline int64_t attention_split_keys(int64_t n_keys) {
-  const int64_t m = (n_keys + 4095) / 4096;
-  return 256 * (m > 0 ? m : 1);
+  const int64_t m = (n_keys + 2047) / 2048;
+  return 128 * (m > 0 ? m : 1);
 }
 // Floats of `partials` paged_attention() needs for n_tokens tokens of at most max_keys keys
 // (0 when no token has more than one split).
@@ -111,12 +112,24 @@ cudaError_t paged_attention(const DeviceTokenBatch& batch, const float* q, float
                             float* partials, int64_t partial_floats, cudaStream_t stream);
 
 // y[t, r] = sum_c W[r, c] x[t, c] for t < n_tokens (x: [n_tokens, cols], y: [n_tokens, rows],
-// f32). One warp per output row and tile of tokens; lane l takes columns 8l..8l+7 of every
-// 256-column chunk, in column order, with one fused multiply-add each, then a fixed butterfly
-// over the lanes: the reduction order depends only on cols, never on n_tokens (batch invariant;
-// the weight row is read once per tile of up to 8 tokens).
+// f32). One to four warps per output row (by cols alone) and tile of tokens; lane l takes
+// columns 8l..8l+7 of each of its 256-column chunks, in column order, with one fused
+// multiply-add each, then a fixed butterfly over the lanes and the warps' parts added in order:
+// the reduction order depends only on cols, never on n_tokens (batch invariant; the weight row
+// is read once per tile of up to 8 tokens).
 cudaError_t matmul(const DeviceWeights& w, const float* x, int64_t n_tokens, float* y,
                    cudaStream_t stream);
+// matmul() of 1 to 3 matrices of one WeightType and column count over the same x, in one launch
+// (y[m] for w[m]); each output's bits are those of matmul() alone.
+cudaError_t matmul_many(const DeviceWeights* w, int count, const float* x, int64_t n_tokens,
+                        float* const* y, cudaStream_t stream);
+// y[t, r] += (W x[t])[r] in one launch, bit for bit matmul() into scratch and add().
+cudaError_t matmul_add(const DeviceWeights& w, const float* x, int64_t n_tokens, float* y,
+                       cudaStream_t stream);
+// out[t, r] = silu(gate x[t])[r] * (up x[t])[r] in one launch, bit for bit matmul() twice and
+// silu_mul(); gate and up of one WeightType and shape.
+cudaError_t matmul_glu(const DeviceWeights& gate, const DeviceWeights& up, const float* x,
+                       int64_t n_tokens, float* out, cudaStream_t stream);
 // out[t] = row tokens[t] of w as f32 ([n_tokens, cols]), any WeightType.
 cudaError_t embedding_rows(const DeviceWeights& w, const int32_t* tokens, int64_t n_tokens,
                            float* out, cudaStream_t stream);

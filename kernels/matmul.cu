@@ -85,74 +85,189 @@ __device__ __forceinline__ void load_x8(const float* x, int64_t cols, int64_t t,
   }
 }
 
-// Tokens [blockIdx.x * TT, +TT) of rows [blockIdx.y * kWarpsPerBlock, +kWarpsPerBlock): the
-// token tiles of one row group are neighbours in launch order, so they run together and the
-// weight rows come from HBM once (the other tiles hit L2). Every
-// (t, r) takes the same sequence of __fmaf_rn over columns in order whatever TT and n_tokens,
-// and the same butterfly: the instantiations give identical bits.
-template <WeightType W, int TT>
+// Up to three matrices of one weight layout and column count in one launch (q, k and v share
+// their input), or a gate and an up matrix whose outputs are combined as silu(gate) * up (GLU).
+struct MatmulJob {
+  DeviceWeights w[3];
+  float* y[3];
+  int64_t row_start[4];  // matrix m holds the job's rows [row_start[m], row_start[m + 1])
+  int count;             // matrices (GLU: 1 output, w[0] gate, w[1] up)
+  bool accumulate;       // y += W x (the residual add, as add() computes it) instead of y = W x
+};
+
+// Warps that share one row: a function of the column count alone (batch invariance), so that
+// long rows are streamed by several warps at once.
+__host__ __device__ inline int warps_per_row(int64_t cols) {
+  return cols >= 4096 ? 4 : cols >= 2048 ? 2 : 1;
+}
+
+// Tokens [blockIdx.x * TT, +TT) of the job's rows [blockIdx.y * RPB, +RPB), RPB = kWarpsPerBlock
+// / WPR rows per block, each row's 256-column chunks dealt to its WPR warps in turn (chunk c to
+// part c % WPR): the token tiles of one row group are neighbours in launch order, so they run
+// together and the weight rows come from HBM once. Every (t, r) takes the same sequence of
+// __fmaf_rn over its part's columns in order whatever TT and n_tokens, the same butterfly, and
+// the parts are added in part order: the instantiations give identical bits, and a fused GLU
+// output equals matmul + silu_mul.
+template <WeightType W, int TT, int WPR, bool GLU>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    matmul_kernel(DeviceWeights w, const float* __restrict__ x, int64_t n_tokens,
-                  float* __restrict__ y, bool vec) {
-  const int lane = threadIdx.x % 32;
-  const int64_t r = static_cast<int64_t>(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
-  if (r >= w.rows) return;
+    matmul_kernel(MatmulJob job, const float* __restrict__ x, int64_t n_tokens, bool vec) {
+  constexpr int kRows = kWarpsPerBlock / WPR;
+  __shared__ float part_sum[kWarpsPerBlock][GLU ? 2 : 1][TT];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int part = warp % WPR;
+  const int64_t R = static_cast<int64_t>(blockIdx.y) * kRows + warp / WPR;
+  const bool valid = R < job.row_start[job.count];
+  int m = 0;
+  while (m + 1 < job.count && R >= job.row_start[m + 1]) ++m;
+  const int64_t r = R - job.row_start[m];
+  const DeviceWeights& w = job.w[m];
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * TT;
   const int nt = static_cast<int>(n_tokens - t0 < TT ? n_tokens - t0 : TT);
-  const int64_t cols = w.cols;
-  float acc[TT];
+  const int64_t cols = job.w[0].cols;
+  float acc[TT], acc2[TT];
 #pragma unroll
-  for (int t = 0; t < TT; ++t) acc[t] = 0.0f;
-  int64_t k0 = static_cast<int64_t>(lane) * 8;
-  for (; k0 + (kUnroll - 1) * kChunk < cols; k0 += kUnroll * kChunk) {
-    float wv[kUnroll][8];
+  for (int t = 0; t < TT; ++t) acc[t] = acc2[t] = 0.0f;
+  constexpr int64_t kStep = static_cast<int64_t>(kChunk) * WPR;
+  int64_t k0 = static_cast<int64_t>(part) * kChunk + lane * 8;
+  if (valid) {
+    for (; k0 + (kUnroll - 1) * kStep < cols; k0 += kUnroll * kStep) {
+      float wv[kUnroll][8], uv[GLU ? kUnroll : 1][8];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) load_w8<W>(w, r, k0 + u * kChunk, vec, wv[u]);
+      for (int u = 0; u < kUnroll; ++u) {
+        load_w8<W>(w, r, k0 + u * kStep, vec, wv[u]);
+        if constexpr (GLU) load_w8<W>(job.w[1], r, k0 + u * kStep, vec, uv[u]);
+      }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t) {
+          if (t < nt) {
+            float xv[8];
+            load_x8(x, cols, t0 + t, k0 + u * kStep, vec, xv);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+              acc[t] = __fmaf_rn(wv[u][j], xv[j], acc[t]);
+              if constexpr (GLU) acc2[t] = __fmaf_rn(uv[u][j], xv[j], acc2[t]);
+            }
+          }
+        }
+      }
+    }
+    for (; k0 < cols; k0 += kStep) {
+      float wv[8], uv[8];
+      load_w8<W>(w, r, k0, vec, wv);
+      if constexpr (GLU) load_w8<W>(job.w[1], r, k0, vec, uv);
 #pragma unroll
       for (int t = 0; t < TT; ++t) {
         if (t < nt) {
           float xv[8];
-          load_x8(x, cols, t0 + t, k0 + u * kChunk, vec, xv);
+          load_x8(x, cols, t0 + t, k0, vec, xv);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc[t] = __fmaf_rn(wv[u][j], xv[j], acc[t]);
+          for (int j = 0; j < 8; ++j) {
+            acc[t] = __fmaf_rn(wv[j], xv[j], acc[t]);
+            if constexpr (GLU) acc2[t] = __fmaf_rn(uv[j], xv[j], acc2[t]);
+          }
         }
-      }
-    }
-  }
-  for (; k0 < cols; k0 += kChunk) {
-    float wv[8];
-    load_w8<W>(w, r, k0, vec, wv);
-#pragma unroll
-    for (int t = 0; t < TT; ++t) {
-      if (t < nt) {
-        float xv[8];
-        load_x8(x, cols, t0 + t, k0, vec, xv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[t] = __fmaf_rn(wv[j], xv[j], acc[t]);
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < TT; ++t) {
-    const float s = warp_sum(acc[t]);
-    if (lane == 0 && t < nt) y[(t0 + t) * w.rows + r] = s;
+    acc[t] = warp_sum(acc[t]);
+    if constexpr (GLU) acc2[t] = warp_sum(acc2[t]);
+  }
+  if constexpr (WPR > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        part_sum[warp][0][t] = acc[t];
+        if constexpr (GLU) part_sum[warp][1][t] = acc2[t];
+      }
+    }
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+      float s = part_sum[warp][0][t], s2 = GLU ? part_sum[warp][GLU ? 1 : 0][t] : 0.0f;
+#pragma unroll
+      for (int p = 1; p < WPR; ++p) {
+        s += part_sum[warp + p][0][t];
+        if constexpr (GLU) s2 += part_sum[warp + p][GLU ? 1 : 0][t];
+      }
+      acc[t] = s;
+      acc2[t] = s2;
+    }
+  }
+  if (!valid || lane != 0) return;
+#pragma unroll
+  for (int t = 0; t < TT; ++t) {
+    if (t >= nt) continue;
+    float v = acc[t];
+    if constexpr (GLU) v = v / (1.0f + expf(-v)) * acc2[t];  // as silu_mul
+    float* out = job.y[m] + (t0 + t) * w.rows + r;
+    *out = job.accumulate ? *out + v : v;
   }
 }
 
+template <WeightType W, int TT, int WPR>
+void launch_tile(const MatmulJob& job, const float* x, int64_t n, bool vec, bool glu,
+                 cudaStream_t stream) {
+  const int64_t rows = job.row_start[job.count];
+  const int64_t rpb = kWarpsPerBlock / WPR;
+  const dim3 grid(static_cast<unsigned>((n + TT - 1) / TT), static_cast<unsigned>((rows + rpb - 1) / rpb));
+  if (glu) {
+    matmul_kernel<W, TT, WPR, true><<<grid, kWarpsPerBlock * 32, 0, stream>>>(job, x, n, vec);
+  } else {
+    matmul_kernel<W, TT, WPR, false><<<grid, kWarpsPerBlock * 32, 0, stream>>>(job, x, n, vec);
+  }
+}
+
+template <WeightType W, int WPR>
+void launch_wpr(const MatmulJob& job, const float* x, int64_t n, bool vec, bool glu,
+                cudaStream_t stream) {
+  if (n == 1) launch_tile<W, 1, WPR>(job, x, n, vec, glu, stream);
+  else if (n == 2) launch_tile<W, 2, WPR>(job, x, n, vec, glu, stream);
+  else if (n <= 4) launch_tile<W, 4, WPR>(job, x, n, vec, glu, stream);
+  else launch_tile<W, 8, WPR>(job, x, n, vec, glu, stream);
+}
+
 template <WeightType W>
-cudaError_t launch_matmul(const DeviceWeights& w, const float* x, int64_t n, float* y, bool vec,
-                          cudaStream_t stream) {
-  const int tt = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : 8;
-  const dim3 grid(static_cast<unsigned>((n + tt - 1) / tt),
-                  static_cast<unsigned>((w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  const dim3 block(kWarpsPerBlock * 32);
-  switch (tt) {
-    case 1: matmul_kernel<W, 1><<<grid, block, 0, stream>>>(w, x, n, y, vec); break;
-    case 2: matmul_kernel<W, 2><<<grid, block, 0, stream>>>(w, x, n, y, vec); break;
-    case 4: matmul_kernel<W, 4><<<grid, block, 0, stream>>>(w, x, n, y, vec); break;
-    default: matmul_kernel<W, 8><<<grid, block, 0, stream>>>(w, x, n, y, vec); break;
+void launch_type(const MatmulJob& job, const float* x, int64_t n, bool vec, bool glu,
+                 cudaStream_t stream) {
+  switch (warps_per_row(job.w[0].cols)) {
+    case 1: launch_wpr<W, 1>(job, x, n, vec, glu, stream); break;
+    case 2: launch_wpr<W, 2>(job, x, n, vec, glu, stream); break;
+    default: launch_wpr<W, 4>(job, x, n, vec, glu, stream); break;
+  }
+}
+
+cudaError_t launch_job(const MatmulJob& job, const float* x, int64_t n, bool glu,
+                       cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  const DeviceWeights& w0 = job.w[0];
+  const int used = glu ? 2 : job.count;
+  for (int m = 0; m < used; ++m) {
+    const DeviceWeights& w = job.w[m];
+    if (w.type != w0.type || w.cols != w0.cols || w.cols <= 0 || w.data == nullptr ||
+        (w.type == WeightType::kInt8Groups && w.cols % 32 != 0) || (glu && w.rows != w0.rows)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (n > (int64_t{1} << 31) ||
+      job.row_start[job.count] > 65535LL * kWarpsPerBlock / warps_per_row(w0.cols)) {
+    return cudaErrorInvalidValue;
+  }
+  // 16-byte loads need 16-byte aligned rows of both operands: cols % 8 == 0 (cudaMalloc'd bases).
+  bool vec = w0.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  for (int m = 0; m < used; ++m) vec = vec && reinterpret_cast<uintptr_t>(job.w[m].data) % 16 == 0;
+  switch (w0.type) {
+    case WeightType::kF32: launch_type<WeightType::kF32>(job, x, n, vec, glu, stream); break;
+    case WeightType::kF16: launch_type<WeightType::kF16>(job, x, n, vec, glu, stream); break;
+    case WeightType::kBF16: launch_type<WeightType::kBF16>(job, x, n, vec, glu, stream); break;
+    case WeightType::kInt8Groups:
+      launch_type<WeightType::kInt8Groups>(job, x, n, vec, glu, stream);
+      break;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -172,22 +287,46 @@ __global__ void embedding_rows_kernel(DeviceWeights w, const int32_t* tokens, fl
 
 cudaError_t matmul(const DeviceWeights& w, const float* x, int64_t n_tokens, float* y,
                    cudaStream_t stream) {
-  if (n_tokens <= 0 || w.rows <= 0) return cudaSuccess;
-  if (w.cols <= 0 || n_tokens > (int64_t{1} << 31) || w.rows > 65535LL * kWarpsPerBlock) {
-    return cudaErrorInvalidValue;
+  return matmul_many(&w, 1, x, n_tokens, &y, stream);
+}
+
+cudaError_t matmul_many(const DeviceWeights* w, int count, const float* x, int64_t n_tokens,
+                        float* const* y, cudaStream_t stream) {
+  if (count < 1 || count > 3) return cudaErrorInvalidValue;
+  MatmulJob job{};
+  job.count = count;
+  job.row_start[0] = 0;
+  for (int m = 0; m < count; ++m) {
+    if (w[m].rows <= 0) return cudaErrorInvalidValue;
+    job.w[m] = w[m];
+    job.y[m] = y[m];
+    job.row_start[m + 1] = job.row_start[m] + w[m].rows;
   }
-  if (w.type == WeightType::kInt8Groups && w.cols % 32 != 0) return cudaErrorInvalidValue;
-  // 16-byte loads need 16-byte aligned rows of both operands: cols % 8 == 0 (cudaMalloc'd bases).
-  const bool vec = w.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
-  switch (w.type) {
-    case WeightType::kF32: return launch_matmul<WeightType::kF32>(w, x, n_tokens, y, vec, stream);
-    case WeightType::kF16: return launch_matmul<WeightType::kF16>(w, x, n_tokens, y, vec, stream);
-    case WeightType::kBF16: return launch_matmul<WeightType::kBF16>(w, x, n_tokens, y, vec, stream);
-    case WeightType::kInt8Groups:
-      return launch_matmul<WeightType::kInt8Groups>(w, x, n_tokens, y, vec, stream);
-  }
-  return cudaErrorInvalidValue;
+  return launch_job(job, x, n_tokens, false, stream);
+}
+
+cudaError_t matmul_add(const DeviceWeights& w, const float* x, int64_t n_tokens, float* y,
+                       cudaStream_t stream) {
+  if (w.rows <= 0) return cudaErrorInvalidValue;
+  MatmulJob job{};
+  job.count = 1;
+  job.w[0] = w;
+  job.y[0] = y;
+  job.row_start[1] = w.rows;
+  job.accumulate = true;
+  return launch_job(job, x, n_tokens, false, stream);
+}
+
+cudaError_t matmul_glu(const DeviceWeights& gate, const DeviceWeights& up, const float* x,
+                       int64_t n_tokens, float* out, cudaStream_t stream) {
+  if (gate.rows <= 0) return cudaErrorInvalidValue;
+  MatmulJob job{};
+  job.count = 1;
+  job.w[0] = gate;
+  job.w[1] = up;
+  job.y[0] = out;
+  job.row_start[1] = gate.rows;
+  return launch_job(job, x, n_tokens, true, stream);
 }
 
 cudaError_t embedding_rows(const DeviceWeights& w, const int32_t* tokens, int64_t n_tokens,

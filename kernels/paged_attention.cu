@@ -105,10 +105,13 @@ __global__ void __launch_bounds__(kAttnThreads)
     float sc[kHeadsPerBlock];
 #pragma unroll
     for (int h = 0; h < kHeadsPerBlock; ++h) sc[h] = 0.0f;
+    // Each lane finds its own key's row once; the V pass below takes the other lanes' rows by
+    // shuffle, so no key waits for a block-table load behind another's.
+    const std::byte* krow =
+        valid ? kv.base + k_row_offset(kv, layer, table[key / kv.block_size], key % kv.block_size) +
+                    static_cast<size_t>(kvh * head_dim) * esize
+              : kv.base;
     if (valid) {
-      const std::byte* krow = kv.base + k_row_offset(kv, layer, table[key / kv.block_size],
-                                                     key % kv.block_size) +
-                              static_cast<size_t>(kvh * head_dim) * esize;
       if (vec) {
         for (int64_t d0 = 0; d0 < head_dim; d0 += 8) {
           float kx[8];
@@ -145,23 +148,32 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int d = 0; d < DPL; ++d) acc[h][d] *= corr;
     }
     const int n = static_cast<int>(min(static_cast<int64_t>(32), k_end - j0));
-    for (int j = 0; j < n; ++j) {
-      const int64_t kj = j0 + j;
-      const std::byte* vrow = kv.base + k_row_offset(kv, layer, table[kj / kv.block_size],
-                                                     kj % kv.block_size) +
-                              v_skip + static_cast<size_t>(kvh * head_dim) * esize;
-      float vx[DPL];
+    const unsigned long long my_v = reinterpret_cast<unsigned long long>(krow + v_skip);
+    // V rows in groups of kVGroup keys: the group's loads are all issued before the first
+    // multiply (one memory round trip a group, not a key), then accumulated in key order.
+    constexpr int kVGroup = 8;
+    for (int g = 0; g < n; g += kVGroup) {
+      float vx[kVGroup][DPL];
 #pragma unroll
-      for (int d = 0; d < DPL; ++d) {
-        const int64_t dim = static_cast<int64_t>(lane) * DPL + d;
-        vx[d] = dim < head_dim ? load_elem<T>(vrow, dim) : 0.0f;
+      for (int jj = 0; jj < kVGroup; ++jj) {
+        const std::byte* vrow =
+            reinterpret_cast<const std::byte*>(__shfl_sync(0xffffffffu, my_v, g + jj));
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) {
+          const int64_t dim = static_cast<int64_t>(lane) * DPL + d;
+          vx[jj][d] = g + jj < n && dim < head_dim ? load_elem<T>(vrow, dim) : 0.0f;
+        }
       }
 #pragma unroll
-      for (int h = 0; h < kHeadsPerBlock; ++h) {
-        if (h >= nh) continue;
-        const float pj = __shfl_sync(0xffffffffu, p[h], j);
+      for (int jj = 0; jj < kVGroup; ++jj) {
+        if (g + jj >= n) break;
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) acc[h][d] = __fmaf_rn(pj, vx[d], acc[h][d]);
+        for (int h = 0; h < kHeadsPerBlock; ++h) {
+          if (h >= nh) continue;
+          const float pj = __shfl_sync(0xffffffffu, p[h], g + jj);
+#pragma unroll
+          for (int d = 0; d < DPL; ++d) acc[h][d] = __fmaf_rn(pj, vx[jj][d], acc[h][d]);
+        }
       }
     }
   }

@@ -114,10 +114,10 @@ int main(int argc, char** argv) {
   t0 = Clock::now();
   auto created = cleave::LlamaModel::create(file, eo);
   if (!created.ok()) die(created.status(), "creating the model");
-  auto& model = **created;
+  cleave::LlamaModel* mp = created->get();
   const double upload_s = seconds_since(t0);
-  const auto& cfg = model.config();
-  const double weight_bytes = static_cast<double>(model.weight_bytes_per_token());
+  const auto& cfg = mp->config();
+  const double weight_bytes = static_cast<double>(mp->weight_bytes_per_token());
   const double copy = copy_bytes_per_s();
   std::printf("model: %.2f B parameters of bf16 (%.2f GB per step), synthesized in %.1f s, "
               "uploaded in %.1f s; device copy %.2f TB/s (read + write)\n",
@@ -132,7 +132,8 @@ int main(int argc, char** argv) {
   };
   std::vector<Row> rows;
   double prefill_tok_s = 0;
-  for (int64_t batch : {1, 16, 64}) {
+  // Median decode step of `batch` sequences on `model` (prefilled first).
+  auto measure = [&](cleave::LlamaModel& model, int64_t batch) -> Row {
     const int64_t per_seq = (context + steps + bs) / bs;
     auto kv = model.create_kv_pool(bs, batch * per_seq, cleave::DType::kBF16);
     if (!kv.ok()) die(kv.status(), "creating the KV pool");
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
       }
       if (batch == 1) prefill_tok_s = static_cast<double>(context) / seconds_since(t0);
     }
+    (void)model.backend().profile_report(true);  // the decode steps alone
     std::vector<int32_t> next(static_cast<size_t>(batch));
     std::vector<cleave::BatchSequence> seqs(static_cast<size_t>(batch));
     std::vector<double> ms;
@@ -173,9 +175,25 @@ int main(int argc, char** argv) {
     const double kv_bytes = static_cast<double>(batch) * (context + steps / 2) * cfg.n_layers *
                             2.0 * static_cast<double>(kv_dim) * 2.0;
     const double bytes = weight_bytes + kv_bytes;
-    rows.push_back(Row{batch, ms[ms.size() / 2], bytes / (tbps * 1e12) * 1e3,
-                       copy > 0 ? bytes / (copy / 2) * 1e3 : 0});
-  }
+    return Row{batch, ms[ms.size() / 2], bytes / (tbps * 1e12) * 1e3,
+               copy > 0 ? bytes / (copy / 2) * 1e3 : 0};
+  };
+  for (int64_t batch : {1, 16, 64}) rows.push_back(measure(*mp, batch));
+  // The same model with every launch issued by the host (no recorded steps): what CUDA graphs
+  // save per step.
+  setenv("CLEAVE_CUDA_GRAPHS", "0", 1);
+  auto eager = cleave::LlamaModel::create(file, eo);
+  unsetenv("CLEAVE_CUDA_GRAPHS");
+  // And once more with every operation timed between events (no graphs): where a step goes.
+  setenv("CLEAVE_CUDA_PROFILE", "1", 1);
+  auto profiled = cleave::LlamaModel::create(file, eo);
+  unsetenv("CLEAVE_CUDA_PROFILE");
+  if (!profiled.ok()) die(profiled.status(), "creating the model");
+  if (!eager.ok()) die(eager.status(), "creating the model");
+  const Row eager1 = measure(**eager, 1);
+  eager->reset();
+  (void)measure(**profiled, 1);
+  const std::string profile = (*profiled)->backend().profile_report(false);
   std::printf("\nprefill, one sequence of %lld tokens: %.0f tokens/s\n",
               static_cast<long long>(context), prefill_tok_s);
   std::printf("decode step at context %lld (median of %lld steps; floor = bytes / %.2f TB/s; "
@@ -188,5 +206,9 @@ int main(int argc, char** argv) {
                 r.step_ms, static_cast<double>(r.batch) * 1e3 / r.step_ms, r.floor_ms,
                 r.step_ms / r.floor_ms, r.copy_floor_ms > 0 ? r.step_ms / r.copy_floor_ms : 0.0);
   }
+  std::printf("\nbatch 1, prefill and decode steps, each operation between events:\n%s",
+              profile.c_str());
+  std::printf("batch 1 without CUDA graphs: %.3f ms per step (%.2f x floor)\n", eager1.step_ms,
+              eager1.step_ms / eager1.floor_ms);
   return 0;
 }

@@ -143,6 +143,9 @@ struct LlamaModel::Impl {
   // Runs the assembler's current sub-batch through every layer; calls hooks.on_layer_done when
   // it is the batch's last sub-batch. Then writes the logits it owes.
   void run_sub_batch(KvBlockPool& kv, const ForwardHooks& hooks);
+  // Embedding and every layer of the current sub-batch; with `hooks`, on_layer_done for each
+  // layer whose K/V are in the pool (from next_hook on).
+  void run_layers(const PagedKv& kv, const ForwardHooks* hooks, int64_t& next_hook);
   void write_logits(const ForwardHooks& hooks);
   // Hands the backend the model's vectors and weights and takes its scratch.
   Status set_up_backend(const EngineOptions& opts, const std::vector<std::vector<float>>& vecs);
@@ -341,32 +344,22 @@ Status LlamaModel::forward_batch(std::span<const BatchSequence> batch, KvBlockPo
   return Status::Ok();
 }
 
-void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hooks) {
+void LlamaModel::Impl::run_layers(const PagedKv& kv, const ForwardHooks* hooks,
+                                  int64_t& next_hook) {
   const TokenBatch& tb = assembler.tokens();
   const int64_t n = tb.n_tokens;
-  const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
-  const bool last_sub_batch = assembler.last();
-  const KvLayout& layout = pool.layout();
-  const PagedKv kv{.base = pool.data(), .num_blocks = layout.num_blocks,
-                   .block_size = layout.block_size, .kv_dim = kv_dim, .dtype = layout.dtype,
-                   .element_bytes = dtype_info(layout.dtype).block_bytes};
+  const int64_t dim = cfg.dim;
   Backend& be = *backend;
-  be.begin_batch(tb, assembler.token_ids());
   be.embedding(*token_embd, assembler.token_ids(), x);
-  // The layer hooks are called in layer order as soon as each layer's K/V are in the pool: at
-  // once on a synchronous backend, else as the device gets there (the host queues later layers
-  // meanwhile, so the export overlaps their compute).
-  const bool hook_layers = last_sub_batch && static_cast<bool>(hooks.on_layer_done);
-  int64_t next_hook = 0;
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     const LayerWeights& w = layers[static_cast<size_t>(l)];
 
     // Attention block: K and V of these tokens go into their pool slots, then every token
     // attends over its sequence's keys.
     be.rmsnorm(x, w.attn_norm, cfg.rms_eps, n, dim, xb);
-    be.matmul(*w.attn_q, xb, n, q);
-    be.matmul(*w.attn_k, xb, n, k);
-    be.matmul(*w.attn_v, xb, n, v);
+    const TensorView* qkv_w[] = {w.attn_q, w.attn_k, w.attn_v};
+    float* const qkv_y[] = {q, k, v};
+    be.matmul_many(qkv_w, xb, n, qkv_y);
     if (cfg.qkv_bias) {
       be.add_bias(q, w.q_bias, n, q_dim);
       be.add_bias(k, w.k_bias, n, kv_dim);
@@ -381,23 +374,45 @@ void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hook
     rope.n_heads = cfg.n_kv_heads;
     be.rope(rope);
     be.write_kv(KvWriteArgs{.batch = &tb, .k = k, .v = v, .kv = kv, .layer = l});
-    if (hook_layers) {
+    if (hooks != nullptr) {
       be.mark_kv_written(l);
-      while (next_hook <= l && be.kv_written(next_hook, false)) hooks.on_layer_done(next_hook++);
+      while (next_hook <= l && be.kv_written(next_hook, false)) hooks->on_layer_done(next_hook++);
     }
     be.attention(AttentionArgs{.batch = &tb, .q = q, .out = attn, .kv = kv,
                                .layer = l, .n_heads = cfg.n_heads, .n_kv_heads = cfg.n_kv_heads,
                                .head_dim = cfg.head_dim});
-    be.matmul(*w.attn_output, attn, n, xb);
-    be.add(x, xb, n * dim);
+    be.matmul_add(*w.attn_output, attn, n, x, xb);
 
     // SwiGLU feed-forward block.
     be.rmsnorm(x, w.ffn_norm, cfg.rms_eps, n, dim, xb);
-    be.matmul(*w.ffn_gate, xb, n, hb);
-    be.matmul(*w.ffn_up, xb, n, hb2);
-    be.silu_mul(hb, hb2, n * ffn, hb);
-    be.matmul(*w.ffn_down, hb, n, xb);
-    be.add(x, xb, n * dim);
+    be.matmul_glu(*w.ffn_gate, *w.ffn_up, xb, n, hb, hb2);
+    be.matmul_add(*w.ffn_down, hb, n, x, xb);
+  }
+}
+
+void LlamaModel::Impl::run_sub_batch(KvBlockPool& pool, const ForwardHooks& hooks) {
+  const TokenBatch& tb = assembler.tokens();
+  const bool last_sub_batch = assembler.last();
+  const KvLayout& layout = pool.layout();
+  const PagedKv kv{.base = pool.data(), .num_blocks = layout.num_blocks,
+                   .block_size = layout.block_size, .kv_dim = kv_dim, .dtype = layout.dtype,
+                   .element_bytes = dtype_info(layout.dtype).block_bytes};
+  Backend& be = *backend;
+  be.begin_batch(tb, assembler.token_ids());
+  // The layer hooks are called in layer order as soon as each layer's K/V are in the pool: at
+  // once on a synchronous backend, else as the device gets there (the host queues later layers
+  // meanwhile, so the export overlaps their compute).
+  const bool hook_layers = last_sub_batch && static_cast<bool>(hooks.on_layer_done);
+  int64_t next_hook = 0;
+  auto layers_pass = [&] { run_layers(kv, hook_layers ? &hooks : nullptr, next_hook); };
+  // Without layer hooks (decode steps), the pass may be a recording the backend replays.
+  const Backend::Replay mode =
+      hook_layers ? Backend::Replay::kEager : be.begin_replayable(kv);
+  if (mode == Backend::Replay::kEager) {
+    layers_pass();
+  } else if (mode == Backend::Replay::kRecording) {
+    layers_pass();
+    if (!be.end_replayable()) layers_pass();
   }
   while (hook_layers && next_hook < cfg.n_layers) {
     be.kv_written(next_hook, true);

@@ -177,6 +177,77 @@ TEST_P(MatmulTest, MatchesADoubleReferenceAndIsBatchInvariant) {
   }
 }
 
+// The fused launches give the bits of the separate ones: q, k and v in one matmul_many, and
+// gate, up and silu_mul in one matmul_glu; with rows of 2048 and 4096 columns (2 and 4 warps a
+// row) and tile widths 1 to 8.
+TEST(FusedMatmulTest, ManyAndGluEqualTheSeparateOperations) {
+  std::mt19937 rng(99);
+  for (DType dt : {DType::kBF16, DType::kQ4_K, DType::kF32}) {
+    for (int64_t cols : {512, 2048, 4096}) {
+      const int64_t rows[3] = {96, 32, 32};
+      std::vector<std::vector<std::byte>> raw(3);
+      std::vector<TensorView> tv(3);
+      const uint64_t row_bytes = *dtype_row_bytes(dt, static_cast<uint64_t>(cols));
+      for (int m = 0; m < 3; ++m) {
+        const auto wf = random_floats(rng, static_cast<size_t>(rows[m] * cols), 0.05f);
+        raw[m].resize(row_bytes * static_cast<uint64_t>(rows[m]));
+        for (int64_t r = 0; r < rows[m]; ++r) {
+          encode_row(dt, wf.data() + r * cols, cols, raw[m].data() + r * row_bytes);
+        }
+        tv[m] = TensorView{.name = "w" + std::to_string(m), .dtype = dt, .shape = {rows[m], cols},
+                           .data = raw[m].data(), .nbytes = raw[m].size()};
+      }
+      ThreadPool pool(1, "unused");
+      auto be = make_backend("cuda", pool);
+      ASSERT_TRUE(be.ok());
+      const TensorView* ws[] = {&tv[0], &tv[1], &tv[2]};
+      ASSERT_TRUE((*be)->prepare_weights(ws).ok());
+      for (int64_t n : {1, 3, 13}) {
+        auto x = (*be)->upload(random_floats(rng, static_cast<size_t>(n * cols)));
+        ASSERT_TRUE(x.ok());
+        float* ys[3];
+        float* sep[3];
+        for (int m = 0; m < 3; ++m) {
+          ys[m] = *(*be)->alloc(n * rows[m]);
+          sep[m] = *(*be)->alloc(n * rows[m]);
+          (*be)->matmul(tv[m], *x, n, sep[m]);
+        }
+        (*be)->matmul_many(ws, *x, n, ys);
+        for (int m = 0; m < 3; ++m) {
+          const size_t count = static_cast<size_t>(n * rows[m]);
+          std::vector<float> a((*be)->to_host(ys[m], n * rows[m]),
+                               (*be)->to_host(ys[m], n * rows[m]) + count);
+          const float* b = (*be)->to_host(sep[m], n * rows[m]);
+          EXPECT_EQ(std::memcmp(a.data(), b, count * 4), 0)
+              << dtype_name(dt) << " cols " << cols << " n " << n << " matrix " << m;
+        }
+        // GLU over w1 (gate) and w2 (up): matmuls and silu_mul apart, then fused.
+        (*be)->silu_mul(sep[1], sep[2], n * rows[1], sep[1]);
+        float* fused = *(*be)->alloc(n * rows[1]);
+        (*be)->matmul_glu(tv[1], tv[2], *x, n, fused, nullptr);
+        std::vector<float> a((*be)->to_host(fused, n * rows[1]),
+                             (*be)->to_host(fused, n * rows[1]) + n * rows[1]);
+        EXPECT_EQ(std::memcmp(a.data(), (*be)->to_host(sep[1], n * rows[1]),
+                              static_cast<size_t>(n * rows[1]) * 4), 0)
+            << dtype_name(dt) << " cols " << cols << " n " << n << ": fused GLU differs";
+        // matmul_add: y += W x, as matmul into scratch and add().
+        float* acc = *(*be)->alloc(n * rows[0]);
+        float* want = *(*be)->alloc(n * rows[0]);
+        (*be)->add(acc, ys[0], n * rows[0]);   // acc = a nonzero start
+        (*be)->add(want, ys[0], n * rows[0]);
+        (*be)->add(want, sep[0], n * rows[0]);  // want = start + W x, by add()
+        (*be)->matmul_add(tv[0], *x, n, acc, nullptr);
+        std::vector<float> got((*be)->to_host(acc, n * rows[0]),
+                               (*be)->to_host(acc, n * rows[0]) + n * rows[0]);
+        EXPECT_EQ(std::memcmp(got.data(), (*be)->to_host(want, n * rows[0]),
+                              static_cast<size_t>(n * rows[0]) * 4), 0)
+            << dtype_name(dt) << " cols " << cols << " n " << n << ": fused residual add differs";
+        ASSERT_TRUE((*be)->check().ok());
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WeightTypes, MatmulTest,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
                                            DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
@@ -397,6 +468,56 @@ TEST_F(StoriesTest, LayerHooksComeInOrderOnceTheirKvIsInThePool) {
   std::vector<int64_t> want(static_cast<size_t>(gpu->config().n_layers));
   std::iota(want.begin(), want.end(), 0);
   EXPECT_EQ(layers, want);
+}
+
+// Decode steps replayed from recorded CUDA graphs give the bits of steps issued one launch at a
+// time (CLEAVE_CUDA_GRAPHS=0): first step eager, second recorded, the rest replayed; a batch of
+// 3 and one of 1, several attention splits (contexts over 256 keys) included.
+TEST_F(StoriesTest, RecordedStepsGiveTheBitsOfEagerOnes) {
+  auto run = [&](bool graphs) {
+    if (graphs) unsetenv("CLEAVE_CUDA_GRAPHS");
+    else setenv("CLEAVE_CUDA_GRAPHS", "0", 1);
+    auto m = make_model(file_, "cuda");
+    unsetenv("CLEAVE_CUDA_GRAPHS");
+    std::vector<std::vector<float>> out;
+    if (!m) return out;
+    const int64_t vocab = m->config().vocab_size;
+    auto kv = m->create_kv_pool(16, 3 * 40);
+    EXPECT_TRUE(kv.ok());
+    std::vector<std::vector<BlockId>> tables(3);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int s = 0; s < 3; ++s) {
+      EXPECT_TRUE((*kv)->allocate(40, tables[s]).ok());
+      prompts.push_back(prompt_of(250 + 3 * s, 512, 40 + s));
+    }
+    std::vector<std::vector<float>> logits(3, std::vector<float>(static_cast<size_t>(vocab)));
+    std::vector<BatchSequence> batch(3);
+    for (int s = 0; s < 3; ++s) {
+      batch[s] = BatchSequence{.tokens = prompts[s], .start_pos = 0, .block_table = tables[s],
+                               .logits = logits[s]};
+    }
+    EXPECT_TRUE(m->forward_batch(batch, **kv).ok());
+    std::vector<int32_t> next(3);
+    for (int step = 0; step < 12; ++step) {
+      const int seqs = step < 6 ? 3 : 1;
+      for (int s = 0; s < seqs; ++s) {
+        next[s] = static_cast<int32_t>(std::max_element(logits[s].begin(), logits[s].end()) -
+                                       logits[s].begin());
+        batch[s].tokens = {&next[s], 1};
+        batch[s].start_pos = static_cast<int64_t>(prompts[s].size()) + step;
+      }
+      EXPECT_TRUE(m->forward_batch(std::span(batch).first(static_cast<size_t>(seqs)), **kv).ok());
+      for (int s = 0; s < seqs; ++s) out.push_back(logits[s]);
+    }
+    return out;
+  };
+  const auto eager = run(false);
+  const auto recorded = run(true);
+  ASSERT_EQ(eager.size(), recorded.size());
+  for (size_t i = 0; i < eager.size(); ++i) {
+    EXPECT_EQ(std::memcmp(eager[i].data(), recorded[i].data(), eager[i].size() * 4), 0)
+        << "logits " << i << " differ with graphs";
+  }
 }
 
 TEST(CudaBackendTest, AHostPoolIsRefusedWithAClearError) {

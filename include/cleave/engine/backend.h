@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "cleave/common/status.h"
@@ -166,6 +167,18 @@ class Backend {
   // n floats of backend memory at `src`, readable on the host once this returns (it waits for
   // the work before it); valid until the next to_host() call or operation.
   virtual const float* to_host(const float* src, int64_t n) = 0;
+  // Recorded steps (CUDA graphs): the model brackets the operations of a sub-batch that depend
+  // only on begin_batch()'s arrays and its fixed buffers (not on the layer hooks) with these.
+  // kReplayed: the backend has launched a recording of the same shape (same token count and
+  // attention splits, the same pool: base, block count, block size, dtype): skip the operations. kRecording: issue them, then call
+  // end_replayable(), which launches the recording; false means recording failed and nothing
+  // ran: issue them again. kEager: issue them.
+  enum class Replay { kEager, kRecording, kReplayed };
+  virtual Replay begin_replayable(const PagedKv& kv) { return Replay::kEager; }
+  virtual bool end_replayable() { return true; }
+  // Time per operation since creation or the last reset, as a table (CUDA with
+  // CLEAVE_CUDA_PROFILE=1); empty where the backend does not measure it. `reset` starts over.
+  virtual std::string profile_report(bool reset) { return {}; }
   // The first error of an operation since the last check() (a failed launch or device fault on
   // CUDA; the device may be unusable after it), else Ok. Always Ok on the CPU.
   virtual Status check() = 0;
@@ -177,6 +190,28 @@ class Backend {
   // y[t] = W x[t] for t in [0, n_tokens): W is [rows, cols], x is [n_tokens, cols] and y is
   // [n_tokens, rows] (both contiguous).
   virtual void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y) = 0;
+  // matmul() of each ws[i] into ys[i] over the same x (q, k and v); a backend may do them in one
+  // pass. Each output's bits are those of matmul() alone.
+  virtual void matmul_many(std::span<const TensorView* const> ws, const float* x,
+                           int64_t n_tokens, std::span<float* const> ys) {
+    for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, n_tokens, ys[i]);
+  }
+  // y += w x ([n_tokens, w.rows()]), bit for bit matmul(w -> scratch) and add(y, scratch); a
+  // backend may fuse them (then `scratch` may stay untouched).
+  virtual void matmul_add(const TensorView& w, const float* x, int64_t n_tokens, float* y,
+                          float* scratch) {
+    matmul(w, x, n_tokens, scratch);
+    add(y, scratch, n_tokens * w.rows());
+  }
+  // out = silu(gate x) * (up x) ([n_tokens, gate.rows()]), bit for bit matmul(gate -> out),
+  // matmul(up -> scratch), silu_mul(out, scratch -> out); a backend may fuse them (then
+  // `scratch` may stay untouched).
+  virtual void matmul_glu(const TensorView& gate, const TensorView& up, const float* x,
+                          int64_t n_tokens, float* out, float* scratch) {
+    matmul(gate, x, n_tokens, out);
+    matmul(up, x, n_tokens, scratch);
+    silu_mul(out, scratch, n_tokens * gate.rows(), out);
+  }
   // out[t] = row tokens[t] of `table` as f32 ([n_tokens, cols]), the tokens being those of
   // begin_batch() (the same as `tokens`). Ids must be in range.
   virtual void embedding(const TensorView& table, std::span<const int32_t> tokens,

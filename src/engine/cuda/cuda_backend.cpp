@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <cstring>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -118,12 +121,18 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaSetDevice(ordinal_);
     if (stream_) cudaStreamSynchronize(stream_);
+    clear_graphs();
     for (void* p : allocations_) cudaFree(p);
     if (staging_) cudaFreeHost(staging_);
     if (staged_dev_) cudaFree(staged_dev_);
     if (host_out_) cudaFreeHost(host_out_);
     if (partials_) cudaFree(partials_);
     for (cudaEvent_t e : layer_events_) cudaEventDestroy(e);
+    for (const Timed& t : timed_) {
+      cudaEventDestroy(t.a);
+      if (t.b) cudaEventDestroy(t.b);
+    }
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     if (staged_) cudaEventDestroy(staged_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -206,33 +215,40 @@ class CudaBackend final : public Backend {
   }
 
   void begin_batch(const TokenBatch& b, std::span<const int32_t> tokens) override {
+    // The arrays sit at offsets set by capacities, not by this batch's counts, so that a
+    // recorded step (graphs_) finds the next batch of its shape at the same addresses.
     const auto n = static_cast<uint64_t>(b.n_tokens);
-    const uint64_t off_pos = 0;
-    const uint64_t off_slots = align16(off_pos + n * 8);
-    const uint64_t off_seq = align16(off_slots + n * 8);
-    const uint64_t off_seq_blocks = align16(off_seq + n * 4);
-    const uint64_t off_ids = align16(off_seq_blocks + static_cast<uint64_t>(b.n_seqs) * 8);
-    const uint64_t off_tokens = align16(off_ids + static_cast<uint64_t>(b.n_block_ids) * 4);
-    const uint64_t total = align16(off_tokens + tokens.size() * 4);
-    if (total > staged_capacity_ && !grow_staging(total)) return;
+    if (n > cap_tokens_ || static_cast<uint64_t>(b.n_seqs) > cap_seqs_ ||
+        static_cast<uint64_t>(b.n_block_ids) > cap_ids_ || tokens.size() > n) {
+      cap_tokens_ = std::max<uint64_t>({n, 2 * cap_tokens_, 64});
+      cap_seqs_ = std::max<uint64_t>({static_cast<uint64_t>(b.n_seqs), 2 * cap_seqs_, 64});
+      cap_ids_ = std::max<uint64_t>({static_cast<uint64_t>(b.n_block_ids), 2 * cap_ids_, 1024});
+      if (!grow_staging(staging_bytes())) return;
+    }
+    const uint64_t off_slots = align16(cap_tokens_ * 8);
+    const uint64_t off_seq = off_slots + align16(cap_tokens_ * 8);
+    const uint64_t off_tokens = off_seq + align16(cap_tokens_ * 4);
+    const uint64_t off_seq_blocks = off_tokens + align16(cap_tokens_ * 4);
+    const uint64_t off_ids = off_seq_blocks + align16(cap_seqs_ * 8);
     // The last copy out of the staging buffer must be done before it is overwritten.
     if (!ok(cudaEventSynchronize(staged_), "cudaEventSynchronize")) return;
     auto put = [&](uint64_t off, const void* src, uint64_t bytes) {
       if (bytes > 0) std::memcpy(staging_ + off, src, bytes);
     };
-    put(off_pos, b.positions, n * 8);
+    put(0, b.positions, n * 8);
     put(off_slots, b.kv_slots, n * 8);
     put(off_seq, b.seq, n * 4);
+    put(off_tokens, tokens.data(), tokens.size() * 4);
     put(off_seq_blocks, b.seq_blocks, static_cast<uint64_t>(b.n_seqs) * 8);
     put(off_ids, b.block_ids, static_cast<uint64_t>(b.n_block_ids) * 4);
-    put(off_tokens, tokens.data(), tokens.size() * 4);
+    const uint64_t total = off_ids + static_cast<uint64_t>(b.n_block_ids) * 4;
     ok(cudaMemcpyAsync(staged_dev_, staging_, total, cudaMemcpyHostToDevice, stream_),
        "cudaMemcpyAsync (batch)");
     ok(cudaEventRecord(staged_, stream_), "cudaEventRecord");
     std::byte* d = staged_dev_;
     dbatch_ = cuda::DeviceTokenBatch{
         .n_tokens = b.n_tokens,
-        .positions = reinterpret_cast<const int64_t*>(d + off_pos),
+        .positions = reinterpret_cast<const int64_t*>(d),
         .kv_slots = reinterpret_cast<const int64_t*>(d + off_slots),
         .seq = reinterpret_cast<const int32_t*>(d + off_seq),
         .seq_blocks = reinterpret_cast<const int64_t*>(d + off_seq_blocks),
@@ -240,6 +256,52 @@ class CudaBackend final : public Backend {
     dtokens_ = reinterpret_cast<const int32_t*>(d + off_tokens);
     max_keys_ = 1;
     for (int64_t t = 0; t < b.n_tokens; ++t) max_keys_ = std::max(max_keys_, b.positions[t] + 1);
+  }
+
+  Replay begin_replayable(const PagedKv& kv) override {
+    if (!graphs_enabled_) return Replay::kEager;
+    const int64_t split = cuda::attention_split_keys(max_keys_);
+    // Everything a recorded launch holds by value: the token count, the attention splits and
+    // the pool's layout (a freed pool's address comes back for a pool of another size).
+    const GraphKey key{dbatch_.n_tokens, (max_keys_ + split - 1) / split, kv.base,
+                       kv.num_blocks, kv.block_size, kv.kv_dim, static_cast<int>(kv.dtype)};
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      // First sight: eagerly, which also sizes every scratch buffer for this shape.
+      if (graphs_.size() >= kMaxGraphs) clear_graphs();
+      graphs_.emplace(key, nullptr);
+      return Replay::kEager;
+    }
+    if (it->second != nullptr) {
+      if (ok(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch")) return Replay::kReplayed;
+      return Replay::kEager;
+    }
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      cudaGetLastError();
+      return Replay::kEager;
+    }
+    recording_ = key;
+    return Replay::kRecording;
+  }
+
+  bool end_replayable() override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      // Recording failed (nothing ran): this backend runs eagerly from now on.
+      log::warn("cuda backend: recording a step as a CUDA graph failed ({}); steps run without "
+                "graphs", cuda_error(e));
+      graphs_enabled_ = false;
+      clear_graphs();
+      first_error_ = Status::Ok();  // the launches' capture errors; the step is issued again
+      return false;
+    }
+    graphs_[recording_] = exec;
+    return ok(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
   }
 
   void mark_kv_written(int64_t layer) override {
@@ -278,7 +340,27 @@ class CudaBackend final : public Backend {
                        stream_),
        "cudaMemcpyAsync (to host)");
     if (!ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) return empty_result(n);
+    if (profiling_) collect_profile();
     return host_out_;
+  }
+
+  std::string profile_report(bool reset) override {
+    if (!profiling_) return {};
+    cudaStreamSynchronize(stream_);
+    collect_profile();
+    std::vector<std::pair<std::string, OpTotal>> rows(op_totals_.begin(), op_totals_.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    double all = 0;
+    for (const auto& [name, t] : rows) all += t.ms;
+    std::string out = fmt::format("{:<24} {:>10} {:>8} {:>10} {:>7}\n", "operation", "total ms",
+                                  "calls", "mean us", "share");
+    for (const auto& [name, t] : rows) {
+      out += fmt::format("{:<24} {:>10.3f} {:>8} {:>10.2f} {:>6.1f}%\n", name, t.ms, t.calls,
+                         t.ms * 1e3 / static_cast<double>(t.calls), 100.0 * t.ms / all);
+    }
+    if (reset) op_totals_.clear();
+    return out;
   }
 
   Status check() override {
@@ -289,12 +371,46 @@ class CudaBackend final : public Backend {
 
   void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y) override {
     const cuda::DeviceWeights* dw = find(w);
+    const OpTimer timer(this, "matmul");
     if (dw) ok(cuda::matmul(*dw, x, n_tokens, y, stream_), "matmul");
+  }
+
+  void matmul_many(std::span<const TensorView* const> ws, const float* x, int64_t n_tokens,
+                   std::span<float* const> ys) override {
+    cuda::DeviceWeights dw[3];
+    const bool fusable = ws.size() <= 3 && same_layout(ws, dw);
+    if (!fusable) {
+      for (size_t i = 0; i < ws.size(); ++i) matmul(*ws[i], x, n_tokens, ys[i]);
+      return;
+    }
+    const OpTimer timer(this, "matmul_many (q, k, v)");
+    ok(cuda::matmul_many(dw, static_cast<int>(ws.size()), x, n_tokens, ys.data(), stream_),
+       "matmul_many");
+  }
+
+  void matmul_add(const TensorView& w, const float* x, int64_t n_tokens, float* y,
+                  float* scratch) override {
+    const OpTimer timer(this, "matmul_add (o, down)");
+    const cuda::DeviceWeights* dw = find(w);
+    if (dw) ok(cuda::matmul_add(*dw, x, n_tokens, y, stream_), "matmul_add");
+  }
+
+  void matmul_glu(const TensorView& gate, const TensorView& up, const float* x, int64_t n_tokens,
+                  float* out, float* scratch) override {
+    const TensorView* ws[] = {&gate, &up};
+    cuda::DeviceWeights dw[3];
+    if (!same_layout(ws, dw) || gate.rows() != up.rows()) {
+      Backend::matmul_glu(gate, up, x, n_tokens, out, scratch);
+      return;
+    }
+    const OpTimer timer(this, "matmul_glu (gate, up)");
+    ok(cuda::matmul_glu(dw[0], dw[1], x, n_tokens, out, stream_), "matmul_glu");
   }
 
   void embedding(const TensorView& table, std::span<const int32_t> tokens, float* out) override {
     const cuda::DeviceWeights* dw = find(table);
     if (dw) {
+      const OpTimer timer(this, "embedding");
       ok(cuda::embedding_rows(*dw, dtokens_, static_cast<int64_t>(tokens.size()), out, stream_),
          "embedding");
     }
@@ -302,16 +418,19 @@ class CudaBackend final : public Backend {
 
   void rmsnorm(const float* x, const float* weight, float eps, int64_t n_tokens, int64_t dim,
                float* out) override {
+    const OpTimer timer(this, "rmsnorm");
     ok(cuda::rmsnorm(x, weight, eps, n_tokens, dim, out, stream_), "rmsnorm");
   }
 
   void rope(const RopeArgs& a) override {
+    const OpTimer timer(this, "rope");
     ok(cuda::rope(a.x, a.row_stride, a.n_tokens, dbatch_.positions, a.n_heads, a.head_dim,
                   a.style == RopeStyle::kNeox, a.inv_freq, stream_),
        "rope");
   }
 
   void write_kv(const KvWriteArgs& a) override {
+    const OpTimer timer(this, "write_kv");
     ok(cuda::write_kv(dbatch_, a.k, a.v, device_kv(a.kv), a.layer, stream_), "write_kv");
   }
 
@@ -322,6 +441,7 @@ class CudaBackend final : public Backend {
       // Grows rarely (a longer context or a larger batch than before); the old scratch may still
       // be read by queued kernels, so the stream drains first.
       if (!ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) return;
+      clear_graphs();  // they read the old scratch
       const int64_t floats = std::max(need, 2 * partial_capacity_);
       if (partials_) cudaFree(partials_);
       partials_ = nullptr;
@@ -333,6 +453,7 @@ class CudaBackend final : public Backend {
       partials_ = static_cast<float*>(p);
       partial_capacity_ = floats;
     }
+    const OpTimer timer(this, "attention");
     ok(cuda::paged_attention(dbatch_, a.q, a.out, device_kv(a.kv), a.layer, a.n_heads,
                              a.n_kv_heads, a.head_dim, max_keys_, partials_, partial_capacity_,
                              stream_),
@@ -340,15 +461,67 @@ class CudaBackend final : public Backend {
   }
 
   void silu_mul(const float* gate, const float* up, int64_t n, float* out) override {
+    const OpTimer timer(this, "silu_mul");
     ok(cuda::silu_mul(gate, up, n, out, stream_), "silu_mul");
   }
-  void add(float* y, const float* x, int64_t n) override { ok(cuda::add(y, x, n, stream_), "add"); }
+  void add(float* y, const float* x, int64_t n) override {
+    const OpTimer timer(this, "add");
+    ok(cuda::add(y, x, n, stream_), "add");
+  }
   void add_bias(float* y, const float* bias, int64_t n_tokens, int64_t dim) override {
+    const OpTimer timer(this, "add_bias");
     ok(cuda::add_bias(y, bias, n_tokens, dim, stream_), "add_bias");
   }
 
  private:
   static uint64_t align16(uint64_t v) { return (v + 15) / 16 * 16; }
+
+  // CLEAVE_CUDA_PROFILE=1: every operation between two events on the stream (graphs off), the
+  // times summed per operation at each to_host(); profile_report() lists them.
+  struct OpTimer {
+    OpTimer(CudaBackend* b, const char* n) : be(b), name(n) {
+      if (be->profiling_) start = be->profile_event();
+    }
+    ~OpTimer() {
+      if (start) be->timed_.push_back(Timed{name, start, be->profile_event()});
+    }
+    CudaBackend* be;
+    const char* name;
+    cudaEvent_t start = nullptr;
+  };
+  struct Timed {
+    const char* name;
+    cudaEvent_t a, b;
+  };
+  struct OpTotal {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  cudaEvent_t profile_event() {
+    cudaEvent_t e = nullptr;
+    if (!free_events_.empty()) {
+      e = free_events_.back();
+      free_events_.pop_back();
+    } else if (cudaEventCreate(&e) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    cudaEventRecord(e, stream_);
+    return e;
+  }
+  void collect_profile() {
+    for (const Timed& t : timed_) {
+      float ms = 0;
+      if (t.b && cudaEventElapsedTime(&ms, t.a, t.b) == cudaSuccess) {
+        OpTotal& o = op_totals_[t.name];
+        o.ms += ms;
+        ++o.calls;
+      }
+      free_events_.push_back(t.a);
+      if (t.b) free_events_.push_back(t.b);
+    }
+    timed_.clear();
+  }
 
   static cuda::DevicePagedKv device_kv(const PagedKv& kv) {
     return cuda::DevicePagedKv{.base = kv.base, .num_blocks = kv.num_blocks,
@@ -379,6 +552,18 @@ class CudaBackend final : public Backend {
     return nan_fallback_.data();
   }
 
+  // The prepared weights of `ws` into `out` when they share one layout and column count (one
+  // launch can take them).
+  bool same_layout(std::span<const TensorView* const> ws, cuda::DeviceWeights* out) {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const cuda::DeviceWeights* d = find(*ws[i]);
+      if (d == nullptr) return false;
+      if (i > 0 && (d->type != out[0].type || d->cols != out[0].cols)) return false;
+      out[i] = *d;
+    }
+    return !ws.empty();
+  }
+
   const cuda::DeviceWeights* find(const TensorView& t) {
     auto it = weights_.find(&t);
     if (it != weights_.end()) return &it->second;
@@ -400,8 +585,20 @@ class CudaBackend final : public Backend {
     return p;
   }
 
+  uint64_t staging_bytes() const {
+    return 3 * align16(cap_tokens_ * 8) + align16(cap_tokens_ * 4) + align16(cap_seqs_ * 8) +
+           align16(cap_ids_ * 4);
+  }
+
+  void clear_graphs() {
+    for (auto& [key, exec] : graphs_) {
+      if (exec) cudaGraphExecDestroy(exec);
+    }
+    graphs_.clear();
+  }
+
   bool grow_staging(uint64_t bytes) {
-    bytes = std::max<uint64_t>(bytes, 2 * staged_capacity_);
+    clear_graphs();  // they read the old buffers
     if (!ok(cudaStreamSynchronize(stream_), "cudaStreamSynchronize")) return false;
     if (staging_) cudaFreeHost(staging_);
     if (staged_dev_) cudaFree(staged_dev_);
@@ -499,6 +696,33 @@ class CudaBackend final : public Backend {
   uint64_t staged_capacity_ = 0;
   cuda::DeviceTokenBatch dbatch_;
   const int32_t* dtokens_ = nullptr;
+  uint64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_ids_ = 0;  // staging capacities
+  // Recorded steps (CUDA graphs) by the shape their launches depend on: tokens, attention
+  // splits, the KV pool. Null: seen once, recorded on the next sight.
+  struct GraphKey {
+    int64_t n_tokens;
+    int64_t splits;
+    const void* kv;
+    int64_t num_blocks, block_size, kv_dim;
+    int dtype;
+    bool operator==(const GraphKey&) const = default;
+  };
+  struct GraphKeyHash {
+    size_t operator()(const GraphKey& k) const {
+      return std::hash<int64_t>()(k.n_tokens * 131 + k.splits) ^
+             std::hash<const void*>()(k.kv) ^ std::hash<int64_t>()(k.num_blocks * 7919 + k.block_size);
+    }
+  };
+  static constexpr size_t kMaxGraphs = 256;
+  std::unordered_map<GraphKey, cudaGraphExec_t, GraphKeyHash> graphs_;
+  GraphKey recording_{};
+  bool profiling_ = std::getenv("CLEAVE_CUDA_PROFILE") != nullptr &&
+                   std::string_view(std::getenv("CLEAVE_CUDA_PROFILE")) == "1";
+  bool graphs_enabled_ = !profiling_ && (std::getenv("CLEAVE_CUDA_GRAPHS") == nullptr ||
+                                         std::string_view(std::getenv("CLEAVE_CUDA_GRAPHS")) != "0");
+  std::vector<Timed> timed_;
+  std::vector<cudaEvent_t> free_events_;
+  std::map<std::string, OpTotal> op_totals_;
   int64_t max_keys_ = 1;                    // the largest position + 1 of the batch
   float* partials_ = nullptr;               // attention's split partials (flash-decoding)
   int64_t partial_capacity_ = 0;
