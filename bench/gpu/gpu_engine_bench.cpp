@@ -10,6 +10,8 @@
 // printed too. Exits 77 without a CUDA device.
 //
 // Usage: gpu_engine_bench [--hbm-tbps 4.8] [--context 256] [--steps 24] [--dir /tmp]
+//                         [--batches 1,16,64] [--extras 1]
+// --extras 0 skips the runs without graphs and with the per-operation profile (for a profiler).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -68,12 +70,28 @@ int main(int argc, char** argv) {
   double tbps = 4.8;
   int64_t context = 256, steps = 24;
   std::string dir = std::filesystem::temp_directory_path().string();
+  std::vector<int64_t> batches{1, 16, 64};
+  bool extras = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--hbm-tbps") tbps = std::atof(argv[i + 1]);
     else if (f == "--context") context = std::atoll(argv[i + 1]);
     else if (f == "--steps") steps = std::atoll(argv[i + 1]);
     else if (f == "--dir") dir = argv[i + 1];
+    else if (f == "--extras") extras = std::atoi(argv[i + 1]) != 0;
+    else if (f == "--batches") {
+      batches.clear();
+      for (const char* p = argv[i + 1]; *p;) {
+        char* end = nullptr;
+        const long long b = std::strtoll(p, &end, 10);
+        if (end == p || b < 1) {
+          std::fprintf(stderr, "gpu_engine_bench: bad --batches '%s'\n", argv[i + 1]);
+          return 2;
+        }
+        batches.push_back(b);
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
     else {
       std::fprintf(stderr, "gpu_engine_bench: unknown flag '%s'\n", f.c_str());
       return 2;
@@ -178,22 +196,26 @@ int main(int argc, char** argv) {
     return Row{batch, ms[ms.size() / 2], bytes / (tbps * 1e12) * 1e3,
                copy > 0 ? bytes / (copy / 2) * 1e3 : 0};
   };
-  for (int64_t batch : {1, 16, 64}) rows.push_back(measure(*mp, batch));
-  // The same model with every launch issued by the host (no recorded steps): what CUDA graphs
-  // save per step.
-  setenv("CLEAVE_CUDA_GRAPHS", "0", 1);
-  auto eager = cleave::LlamaModel::create(file, eo);
-  unsetenv("CLEAVE_CUDA_GRAPHS");
-  // And once more with every operation timed between events (no graphs): where a step goes.
-  setenv("CLEAVE_CUDA_PROFILE", "1", 1);
-  auto profiled = cleave::LlamaModel::create(file, eo);
-  unsetenv("CLEAVE_CUDA_PROFILE");
-  if (!profiled.ok()) die(profiled.status(), "creating the model");
-  if (!eager.ok()) die(eager.status(), "creating the model");
-  const Row eager1 = measure(**eager, 1);
-  eager->reset();
-  (void)measure(**profiled, 1);
-  const std::string profile = (*profiled)->backend().profile_report(false);
+  for (int64_t batch : batches) rows.push_back(measure(*mp, batch));
+  Row eager1{};
+  std::string profile;
+  if (extras) {
+    // The same model with every launch issued by the host (no recorded steps): what CUDA graphs
+    // save per step.
+    setenv("CLEAVE_CUDA_GRAPHS", "0", 1);
+    auto eager = cleave::LlamaModel::create(file, eo);
+    unsetenv("CLEAVE_CUDA_GRAPHS");
+    // And once more with every operation timed between events (no graphs): where a step goes.
+    setenv("CLEAVE_CUDA_PROFILE", "1", 1);
+    auto profiled = cleave::LlamaModel::create(file, eo);
+    unsetenv("CLEAVE_CUDA_PROFILE");
+    if (!profiled.ok()) die(profiled.status(), "creating the model");
+    if (!eager.ok()) die(eager.status(), "creating the model");
+    eager1 = measure(**eager, 1);
+    eager->reset();
+    (void)measure(**profiled, 1);
+    profile = (*profiled)->backend().profile_report(false);
+  }
   std::printf("\nprefill, one sequence of %lld tokens: %.0f tokens/s\n",
               static_cast<long long>(context), prefill_tok_s);
   std::printf("decode step at context %lld (median of %lld steps; floor = bytes / %.2f TB/s; "
@@ -206,9 +228,12 @@ int main(int argc, char** argv) {
                 r.step_ms, static_cast<double>(r.batch) * 1e3 / r.step_ms, r.floor_ms,
                 r.step_ms / r.floor_ms, r.copy_floor_ms > 0 ? r.step_ms / r.copy_floor_ms : 0.0);
   }
-  std::printf("\nbatch 1, prefill and decode steps, each operation between events:\n%s",
-              profile.c_str());
-  std::printf("batch 1 without CUDA graphs: %.3f ms per step (%.2f x floor)\n", eager1.step_ms,
-              eager1.step_ms / eager1.floor_ms);
+  if (extras) {
+    std::printf("\nbatch 1 decode steps, each operation between events (host launch gaps "
+                "included):\n%s",
+                profile.c_str());
+    std::printf("batch 1 without CUDA graphs: %.3f ms per step (%.2f x floor)\n", eager1.step_ms,
+                eager1.step_ms / eager1.floor_ms);
+  }
   return 0;
 }

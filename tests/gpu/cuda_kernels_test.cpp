@@ -394,14 +394,3 @@ TEST_F(CudaKernelsTest, BadAttentionShapesAreRefused) {
 
 }  // namespace
 }  // namespace cleave
-
-int main(int argc, char** argv) {
-  int devices = 0;
-  const cudaError_t e = cudaGetDeviceCount(&devices);
-  if (e != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (%s)\n", e == cudaSuccess ? "none found" : cudaGetErrorString(e));
-    return 77;
-  }
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
