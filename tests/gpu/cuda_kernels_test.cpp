@@ -98,7 +98,7 @@ class CudaKernelsTest : public ::testing::Test {
 };
 
 TEST_F(CudaKernelsTest, RmsNormMatchesTheCpu) {
-  for (int64_t dim : {64, 576, 2048, 4099}) {
+  for (int64_t dim : {64, 576, 2048, 4099, 8192, 8196}) {
     const int64_t n = 7;
     auto x = random_floats(rng_, static_cast<size_t>(n * dim), 3.0f);
     auto w = random_floats(rng_, static_cast<size_t>(dim));
