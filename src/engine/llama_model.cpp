@@ -147,8 +147,9 @@ struct LlamaModel::Impl {
   // layer whose K/V are in the pool (from next_hook on).
   void run_layers(const PagedKv& kv, const ForwardHooks* hooks, int64_t& next_hook);
   void write_logits(const ForwardHooks& hooks);
-  // Hands the backend the model's vectors and weights and takes its scratch.
-  Status set_up_backend(const EngineOptions& opts, const std::vector<std::vector<float>>& vecs);
+  // Hands the backend the model's weights and takes its scratch (the vectors went up as they
+  // were loaded).
+  Status prepare_backend();
 };
 
 Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const ModelFile> model,
@@ -177,6 +178,10 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
   impl->kv_dim = cfg.n_kv_heads * cfg.head_dim;
   const int64_t dim = cfg.dim, ffn = cfg.ffn_dim;
   const ModelFile& f = *model;
+  impl->pool = std::make_unique<ThreadPool>(opts.device.starts_with("cuda") ? 1 : opts.threads,
+                                            "compute");
+  CLEAVE_ASSIGN_OR_RETURN(impl->backend, make_backend(opts.device, *impl->pool));
+  Backend& be = *impl->backend;
 
   uint64_t bytes = 0;
   auto matrix = [&](const std::string& name, int64_t rows,
@@ -185,14 +190,11 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
     bytes += t->nbytes;
     return t;
   };
-  // Vectors are loaded as f32 here and uploaded to the backend in set_up_backend(), in this
-  // order: output_norm, inv_freq, then per layer attn_norm, ffn_norm[, q, k, v biases].
-  std::vector<std::vector<float>> vecs;
-  auto vector = [&](const std::string& name, int64_t n) -> Status {
+  // A vector (norm weight, bias) as f32 in backend memory.
+  auto vector = [&](const std::string& name, int64_t n) -> Result<const float*> {
     bytes += f.tensor(name) ? f.tensor(name)->nbytes : 0;
     CLEAVE_ASSIGN_OR_RETURN(std::vector<float> v, load_vector(f, name, n));
-    vecs.push_back(std::move(v));
-    return Status::Ok();
+    return be.upload(v);
   };
 
   CLEAVE_ASSIGN_OR_RETURN(impl->token_embd, find_matrix(f, "token_embd.weight", cfg.vocab_size, dim));
@@ -202,57 +204,39 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
     impl->output = impl->token_embd;  // tied embeddings
     bytes += impl->token_embd->nbytes;
   }
-  CLEAVE_RETURN_IF_ERROR(vector("output_norm.weight", dim));
+  CLEAVE_ASSIGN_OR_RETURN(impl->output_norm, vector("output_norm.weight", dim));
   CLEAVE_ASSIGN_OR_RETURN(std::vector<float> inv_freq, rope_frequencies(cfg));
-  vecs.push_back(std::move(inv_freq));
+  CLEAVE_ASSIGN_OR_RETURN(impl->inv_freq, be.upload(inv_freq));
   impl->layers.resize(static_cast<size_t>(cfg.n_layers));
   for (int64_t l = 0; l < cfg.n_layers; ++l) {
     LayerWeights& w = impl->layers[static_cast<size_t>(l)];
     const std::string p = fmt::format("blk.{}.", l);
-    CLEAVE_RETURN_IF_ERROR(vector(p + "attn_norm.weight", dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.attn_norm, vector(p + "attn_norm.weight", dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_q, matrix(p + "attn_q.weight", impl->q_dim, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_k, matrix(p + "attn_k.weight", impl->kv_dim, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_v, matrix(p + "attn_v.weight", impl->kv_dim, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.attn_output, matrix(p + "attn_output.weight", dim, impl->q_dim));
-    CLEAVE_RETURN_IF_ERROR(vector(p + "ffn_norm.weight", dim));
+    CLEAVE_ASSIGN_OR_RETURN(w.ffn_norm, vector(p + "ffn_norm.weight", dim));
     CLEAVE_ASSIGN_OR_RETURN(w.ffn_gate, matrix(p + "ffn_gate.weight", ffn, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.ffn_up, matrix(p + "ffn_up.weight", ffn, dim));
     CLEAVE_ASSIGN_OR_RETURN(w.ffn_down, matrix(p + "ffn_down.weight", dim, ffn));
     if (cfg.qkv_bias) {
-      CLEAVE_RETURN_IF_ERROR(vector(p + "attn_q.bias", impl->q_dim));
-      CLEAVE_RETURN_IF_ERROR(vector(p + "attn_k.bias", impl->kv_dim));
-      CLEAVE_RETURN_IF_ERROR(vector(p + "attn_v.bias", impl->kv_dim));
+      CLEAVE_ASSIGN_OR_RETURN(w.q_bias, vector(p + "attn_q.bias", impl->q_dim));
+      CLEAVE_ASSIGN_OR_RETURN(w.k_bias, vector(p + "attn_k.bias", impl->kv_dim));
+      CLEAVE_ASSIGN_OR_RETURN(w.v_bias, vector(p + "attn_v.bias", impl->kv_dim));
     }
   }
   impl->weight_bytes = bytes;
-  CLEAVE_RETURN_IF_ERROR(impl->set_up_backend(opts, vecs));
+  CLEAVE_RETURN_IF_ERROR(impl->prepare_backend());
   impl->assembler.reserve(impl->max_batch);
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(impl)));
 }
 
-Status LlamaModel::Impl::set_up_backend(const EngineOptions& opts,
-                                        const std::vector<std::vector<float>>& vecs) {
-  pool = std::make_unique<ThreadPool>(opts.device.starts_with("cuda") ? 1 : opts.threads,
-                                      "compute");
-  CLEAVE_ASSIGN_OR_RETURN(backend, make_backend(opts.device, *pool));
+Status LlamaModel::Impl::prepare_backend() {
   Backend& be = *backend;
   be.reserve_attention(max_context);
-  size_t next = 0;
-  auto up = [&](const float** dst) -> Status {
-    CLEAVE_ASSIGN_OR_RETURN(*dst, be.upload(vecs[next++]));
-    return Status::Ok();
-  };
-  CLEAVE_RETURN_IF_ERROR(up(&output_norm));
-  CLEAVE_RETURN_IF_ERROR(up(&inv_freq));
   std::vector<const TensorView*> weights{token_embd, output};
-  for (LayerWeights& w : layers) {
-    CLEAVE_RETURN_IF_ERROR(up(&w.attn_norm));
-    CLEAVE_RETURN_IF_ERROR(up(&w.ffn_norm));
-    if (cfg.qkv_bias) {
-      CLEAVE_RETURN_IF_ERROR(up(&w.q_bias));
-      CLEAVE_RETURN_IF_ERROR(up(&w.k_bias));
-      CLEAVE_RETURN_IF_ERROR(up(&w.v_bias));
-    }
+  for (const LayerWeights& w : layers) {
     weights.insert(weights.end(), {w.attn_q, w.attn_k, w.attn_v, w.attn_output, w.ffn_gate,
                                    w.ffn_up, w.ffn_down});
   }

@@ -58,8 +58,7 @@ Result<std::unique_ptr<EngineLoop>> EngineLoop::create(std::unique_ptr<LlamaMode
                           model->create_kv_pool(opts.block_size, blocks, opts.kv_dtype));
   std::unique_ptr<KvStaging> staging;
   if (opts.kv_staging && pool->storage().on_device()) {
-    CLEAVE_ASSIGN_OR_RETURN(staging, model->backend().make_kv_staging(
-                                         const_cast<KvStorage&>(pool->storage())));
+    CLEAVE_ASSIGN_OR_RETURN(staging, model->backend().make_kv_staging(pool->storage()));
   }
   std::unique_ptr<EngineLoop> loop(
       new EngineLoop(std::move(model), std::move(tokenizer), std::move(pool), opts));

@@ -170,9 +170,10 @@ class Backend {
   // Recorded steps (CUDA graphs): the model brackets the operations of a sub-batch that depend
   // only on begin_batch()'s arrays and its fixed buffers (not on the layer hooks) with these.
   // kReplayed: the backend has launched a recording of the same shape (same token count and
-  // attention splits, the same pool: base, block count, block size, dtype): skip the operations. kRecording: issue them, then call
-  // end_replayable(), which launches the recording; false means recording failed and nothing
-  // ran: issue them again. kEager: issue them.
+  // attention splits, the same pool: base, block count, block size, dtype): skip the
+  // operations. kRecording: issue them, then call end_replayable(), which launches the
+  // recording; false means recording failed and nothing ran: issue them again. kEager: issue
+  // them.
   enum class Replay { kEager, kRecording, kReplayed };
   virtual Replay begin_replayable(const PagedKv& kv) { return Replay::kEager; }
   virtual bool end_replayable() { return true; }

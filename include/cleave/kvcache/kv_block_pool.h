@@ -54,6 +54,7 @@ class KvBlockPool {
 
   const KvLayout& layout() const { return layout_; }
   const KvStorage& storage() const { return *storage_; }
+  KvStorage& storage() { return *storage_; }
   // The buffer: host memory, or device memory when storage().on_device() (then never read on the
   // host; k() and v() below are for host pools only).
   std::byte* data() { return data_; }

@@ -53,9 +53,9 @@ grpc::ServerUnaryReactor* WorkerRpcs::Reserve(grpc::CallbackServerContext* ctx,
     const bool own_key = core_.kv_fence_hold.count() == 0;
     transfer::MemoryRegion key = core_.kv_region;
     if (own_key) {
-      CLEAVE_ASSIGN_OR_RETURN(key, core_.transfer->register_memory(core_.kv_register_ptr,
+      CLEAVE_ASSIGN_OR_RETURN(key, core_.transfer->register_memory(core_.engine->kv_transfer_data(),
                                                                    core_.engine->kv_bytes(),
-                                                                   core_.kv_register_kind));
+                                                                   core_.kv_transfer_kind()));
     }
     transfer::TransferEngine* transfer = core_.transfer.get();
     const uint64_t key_id = own_key ? key.id : 0;

@@ -49,10 +49,14 @@ struct WorkerCore {
   std::unique_ptr<EngineLoop> engine;
   std::unique_ptr<transfer::TransferEngine> transfer;  // prefill and decode only
   transfer::MemoryRegion kv_region;                     // the KV pool's registration
-  // What is registered: the pool itself (host memory, or device memory where the provider has
-  // FI_HMEM: GPUDirect), or its host mirror (a device pool, a provider without FI_HMEM).
-  std::byte* kv_register_ptr = nullptr;
-  transfer::MemoryKind kv_register_kind;
+  // The memory the transfer engine registers for the KV pool (engine->kv_transfer_data()): the
+  // pool itself (host memory, or device memory where the provider has FI_HMEM: GPUDirect), or
+  // its host mirror (a device pool, a provider without FI_HMEM).
+  transfer::MemoryKind kv_transfer_kind() const {
+    return engine->kv_device() >= 0 && !engine->kv_staged()
+               ? transfer::MemoryKind::cuda(engine->kv_device())
+               : transfer::MemoryKind::host();
+  }
   // Decode: worker.kv_fence resolved. 0: each reservation gets a key of its own, revoked at its
   // end; > 0: the pool's key, and ended reservations' blocks held this long past their lease.
   std::chrono::milliseconds kv_fence_hold{0};

@@ -126,10 +126,6 @@ Status WorkerServer::Impl::load(const WorkerConfig& config) {
             layout.num_blocks, layout.block_size, core.engine->kv_bytes() >> 20);
 
   if (core.role != WorkerRole::kUnified) {
-    core.kv_register_ptr = core.engine->kv_transfer_data();
-    core.kv_register_kind = core.engine->kv_device() >= 0 && !core.engine->kv_staged()
-                                ? transfer::MemoryKind::cuda(core.engine->kv_device())
-                                : transfer::MemoryKind::host();
     if (core.engine->kv_staged()) {
       log::warn("worker {}: the KV pool is in cuda:{} memory and transfer provider {} cannot "
                 "reach it (no FI_HMEM): KV goes through a pinned host mirror of {} MiB, a copy "
@@ -142,9 +138,9 @@ Status WorkerServer::Impl::load(const WorkerConfig& config) {
                 core.id, core.engine->kv_device());
     }
     CLEAVE_ASSIGN_OR_RETURN(core.kv_region,
-                            core.transfer->register_memory(core.kv_register_ptr,
+                            core.transfer->register_memory(core.engine->kv_transfer_data(),
                                                            core.engine->kv_bytes(),
-                                                           core.kv_register_kind));
+                                                           core.kv_transfer_kind()));
     const std::string& fence = config.worker.kv_fence;
     if (fence == "hold" || (fence == "auto" && !core.transfer->revokes_keys())) {
       // A write posted before the writer's lease ended completes, or fails within the
