@@ -11,7 +11,11 @@ target_link_libraries(${tgt} PRIVATE cleave::transfer GTest::gtest GTest::gtest_
 target_compile_definitions(${tgt} PRIVATE TRANSFER_TEST_PEER="$<TARGET_FILE:transfer_test_peer>")
 add_dependencies(${tgt} transfer_test_peer)
 add_test(NAME ${tgt} COMMAND ${tgt})
-set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 180)
+# Alone (RUN_SERIAL): its killed-peer and deadline cases hold the transfer engine to bounds of
+# tens of ms to seconds; beside the e2e tests on the two CI cores, the shm killed-peer case
+# missed its bound and its peer crashed inside libfabric's shm provider (2026-12-04, 1 of 4
+# full runs; alone it has passed every time). The shm re-insert case itself is open (issue 18).
+set_tests_properties(${tgt} PROPERTIES LABELS integration TIMEOUT 180 RUN_SERIAL TRUE)
 
 # The standalone bench binary (bench/transfer/CMakeLists.txt), as `cleave bench transfer` runs.
 add_test(NAME integration_transfer_bench_smoke
