@@ -735,6 +735,15 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+Result<std::string> cuda_pci_bus_id(int ordinal) {
+  char id[32] = {};
+  if (const cudaError_t e = cudaDeviceGetPCIBusId(id, sizeof id, ordinal); e != cudaSuccess) {
+    cudaGetLastError();
+    return Unavailable(fmt::format("CUDA device {}: {}", ordinal, cuda_error(e)));
+  }
+  return std::string(id);
+}
+
 Result<std::unique_ptr<Backend>> make_cuda_backend(int ordinal) {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "cleave/common/status.h"
 #include "cleave/engine/backend.h"
@@ -21,5 +22,8 @@ namespace cleave {
 
 // Unavailable (with the driver's reason) when device `ordinal` cannot be used.
 Result<std::unique_ptr<Backend>> make_cuda_backend(int ordinal);
+// Device `ordinal`'s PCI bus id ("0000:65:00.0", the form NVML takes); Unavailable when the
+// device is not there.
+Result<std::string> cuda_pci_bus_id(int ordinal);
 
 }  // namespace cleave

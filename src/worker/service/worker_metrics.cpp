@@ -1,5 +1,7 @@
 #include "worker_metrics.h"
 
+#include <vector>
+
 #include "fmt/format.h"
 
 namespace cleave::worker_service {
@@ -183,8 +185,42 @@ std::string WorkerMetrics::render(const EngineStats& s, int64_t reservations_wai
     leases_expired_.advance(s.leases_expired);
     leases_renewed_.advance(s.leases_renewed);
     released_.advance(s.reservations_released);
+    if (gpu_) {
+      // A failed read leaves the last figures (NVML errors are rare and transient: a reset).
+      if (auto g = gpu_->sample(); g.ok()) {
+        gpu_utilization_->set(g->utilization);
+        gpu_memory_used_->set(static_cast<double>(g->memory_used));
+        gpu_memory_total_->set(static_cast<double>(g->memory_total));
+      }
+    }
   }
   return registry_.render();
+}
+
+Status WorkerMetrics::watch_gpu(std::unique_ptr<GpuMonitor> monitor) {
+  const std::vector<std::string> labels{"device", "pci_bus_id"};
+  const std::vector<std::string> values{std::to_string(monitor->cuda_ordinal()),
+                                        monitor->pci_bus_id()};
+  std::optional<metrics::Family<metrics::Gauge>> u, used, total;
+  CLEAVE_RETURN_IF_ERROR(take(registry_.gauge("cleave:gpu_utilization_perc",
+                                              "Fraction of NVML's last sample period in which a "
+                                              "kernel ran on the worker's GPU (0..1).",
+                                              labels),
+                              u));
+  CLEAVE_RETURN_IF_ERROR(take(registry_.gauge("cleave:gpu_memory_used_bytes",
+                                              "Memory in use on the worker's GPU (every process), "
+                                              "from NVML.",
+                                              labels),
+                              used));
+  CLEAVE_RETURN_IF_ERROR(take(registry_.gauge("cleave:gpu_memory_total_bytes",
+                                              "Memory of the worker's GPU, from NVML.", labels),
+                              total));
+  std::lock_guard<std::mutex> lock(scrape_mu_);
+  gpu_utilization_ = &u->with(values);
+  gpu_memory_used_ = &used->with(values);
+  gpu_memory_total_ = &total->with(values);
+  gpu_ = std::move(monitor);
+  return Status::Ok();
 }
 
 }  // namespace cleave::worker_service

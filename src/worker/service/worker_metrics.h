@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "cleave/common/metrics.h"
 #include "cleave/common/status.h"
+#include "cleave/engine/gpu_monitor.h"
 #include "cleave/worker/engine_loop.h"
 
 namespace cleave::worker_service {
@@ -44,6 +46,10 @@ class WorkerMetrics {
   metrics::Histogram* kv_wait_seconds = nullptr;  // decode: Decode's wait for the notice
   metrics::Counter* notices_unmatched = nullptr;
 
+  // Exports cleave:gpu_utilization_perc, cleave:gpu_memory_used_bytes and
+  // cleave:gpu_memory_total_bytes {device, pci_bus_id} of the worker's GPU, read at each scrape.
+  Status watch_gpu(std::unique_ptr<GpuMonitor> monitor);
+
   // Refreshes the engine-derived values from `s`, then renders everything.
   std::string render(const EngineStats& s, int64_t reservations_waiting);
 
@@ -62,6 +68,10 @@ class WorkerMetrics {
   metrics::Gauge* blocks_pinned_ = nullptr;
   metrics::Gauge* blocks_held_ = nullptr;
   metrics::Gauge* reservations_ = nullptr;
+  std::unique_ptr<GpuMonitor> gpu_;  // null without a GPU
+  metrics::Gauge* gpu_utilization_ = nullptr;
+  metrics::Gauge* gpu_memory_used_ = nullptr;
+  metrics::Gauge* gpu_memory_total_ = nullptr;
 
   // Engine counters, advanced by the difference since the last scrape.
   struct EngineCounter {

@@ -113,7 +113,7 @@ Status WorkerServer::Impl::load(const WorkerConfig& config) {
     // depends on the provider.
     CLEAVE_ASSIGN_OR_RETURN(core.transfer,
                             transfer::TransferEngine::create(config.transfer, is_loopback(host)));
-    opts.kv_staging = model->backend().device() >= 0 && !core.transfer->hmem();
+    opts.kv_staging = kv_mirror_needed(model->backend().device(), core.transfer->hmem());
   }
   CLEAVE_ASSIGN_OR_RETURN(core.engine, EngineLoop::create(std::move(model),
                                                           std::shared_ptr<const Tokenizer>(std::move(tok)),
@@ -158,6 +158,15 @@ Status WorkerServer::Impl::load(const WorkerConfig& config) {
   }
   CLEAVE_RETURN_IF_ERROR(core.metrics.init());
   core.metrics.kv_transfer_staged->set(core.engine->kv_staged() ? 1 : 0);
+  if (const int dev = core.engine->kv_device(); dev >= 0) {
+    if (auto gpu = GpuMonitor::open(dev); gpu.ok()) {
+      log::info("worker {}: GPU metrics from NVML for device {} (PCI {})", core.id, dev,
+                (*gpu)->pci_bus_id());
+      CLEAVE_RETURN_IF_ERROR(core.metrics.watch_gpu(std::move(*gpu)));
+    } else {
+      log::warn("worker {}: no GPU metrics: {}", core.id, gpu.status().message());
+    }
+  }
   return core.metrics.set_info(core.id, worker_role_name(core.role), config.worker.instance_type,
                                config.worker.profile, kVersion);
 }

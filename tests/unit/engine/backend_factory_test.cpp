@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cleave/engine/backend.h"
+#include "cleave/engine/gpu_monitor.h"
 #include "cleave/kvcache/kv_block_pool.h"
 
 namespace cleave {
@@ -64,6 +65,26 @@ TEST(BackendFactoryTest, TheCpuBackendsMemoryIsHostMemoryAndNeedsNoStaging) {
   EXPECT_EQ(staging.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_TRUE((*be)->kv_written(3, false));
   EXPECT_TRUE((*be)->check().ok());
+}
+
+// The GPU metrics' source: with a GPU and its driver, figures that make sense; without (CI),
+// Unavailable with the reason, never a crash.
+TEST(GpuMonitorTest, ReadsTheDeviceOrSaysWhyNot) {
+  auto m = GpuMonitor::open(0);
+  if (m.ok()) {
+    auto s = (*m)->sample();
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    EXPECT_GT(s->memory_total, 0u);
+    EXPECT_LE(s->memory_used, s->memory_total);
+    EXPECT_GE(s->utilization, 0.0);
+    EXPECT_LE(s->utilization, 1.0);
+    return;
+  }
+  EXPECT_EQ(m.status().code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(m.status().message().empty());
+  auto bad = GpuMonitor::open(999);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnavailable);
 }
 
 TEST(KvStorageTest, APoolOverGivenStorageUsesItAndATooSmallOneIsRefused) {
