@@ -13,6 +13,7 @@
 #                                   tokens equal to unified and alone), and the benches, then
 #                                   prints a short table last. Exits non-zero when a test fails;
 #                                   77 when there is no usable device.
+# CLEAVE_GPU_CHECK_SMOLLM2=PATH (run): SmolLM2-135M-Instruct.Q4_1.gguf, for its GPU test.
 # The whole run takes well under 8 minutes on an H200 (the tests a few seconds, the bench less
 # than a minute).
 set -euo pipefail
@@ -72,6 +73,12 @@ run() {
   dir=$unpacked
   export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   [ -d "$dir/models" ] && export CLEAVE_GPU_TEST_MODELS="$dir/models"
+  # SmolLM2 (98 MB) is over what the device tool carries with the pack: where it was brought
+  # some other way, CLEAVE_GPU_CHECK_SMOLLM2 names it and the GPU tests compare it too.
+  if [ -n "${CLEAVE_GPU_CHECK_SMOLLM2:-}" ] && [ -f "$CLEAVE_GPU_CHECK_SMOLLM2" ]; then
+    mkdir -p "$dir/models"
+    ln -sf "$(realpath "$CLEAVE_GPU_CHECK_SMOLLM2")" "$dir/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+  fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
   local summary="" failed=0 skipped=0
   for t in "${tests[@]}"; do

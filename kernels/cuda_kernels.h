@@ -24,7 +24,7 @@
 
 namespace cleave::cuda {
 
-// Element types of a KV pool or an embedding table (the subset of model/tensor_view.h's DType a
+// Element types of a KV pool (the subset of model/tensor_view.h's DType a
 // kernel reads directly).
 enum class ElemType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
@@ -79,9 +79,6 @@ cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t stream);
 // y[t * dim + i] += bias[i] for n_tokens rows.
 cudaError_t add_bias(float* y, const float* bias, int64_t n_tokens, int64_t dim,
                      cudaStream_t stream);
-// out[t] = row tokens[t] of `table` ([rows, cols] of `type`) as f32; ids must be in range.
-cudaError_t embedding(const void* table, ElemType type, int64_t cols, const int32_t* tokens,
-                      int64_t n_tokens, float* out, cudaStream_t stream);
 // Stores each token's K and V rows ([n_tokens, kv_dim] f32) into its slot of `layer`, rounded
 // to the pool's type (round to nearest even, as the CPU backend's kv_store).
 cudaError_t write_kv(const DeviceTokenBatch& batch, const float* k, const float* v,
@@ -130,6 +127,12 @@ cudaError_t matmul_add(const DeviceWeights& w, const float* x, int64_t n_tokens,
 // silu_mul(); gate and up of one WeightType and shape.
 cudaError_t matmul_glu(const DeviceWeights& gate, const DeviceWeights& up, const float* x,
                        int64_t n_tokens, float* out, cudaStream_t stream);
+// The matmul launches' grid: blocks_per_sm > 0 folds a launch's row groups into about that
+// many blocks per SM, each looping over its groups; 0 launches one block per row group; < 0
+// restores the default (matmul.cu row_blocks: measured per token-tile count). The bits do not
+// depend on it (a row's reduction order does not change). CLEAVE_CUDA_MATMUL_BLOCKS_PER_SM sets
+// it at the first launch. Not thread safe: call it before launches, not beside them.
+void matmul_set_grid_cap(int blocks_per_sm);
 // out[t] = row tokens[t] of w as f32 ([n_tokens, cols]), any WeightType.
 cudaError_t embedding_rows(const DeviceWeights& w, const int32_t* tokens, int64_t n_tokens,
                            float* out, cudaStream_t stream);

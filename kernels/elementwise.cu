@@ -1,4 +1,5 @@
-// Row and element kernels: RMSNorm, RoPE, SiLU-and-multiply, residual adds, embedding gather.
+// Row and element kernels: RMSNorm, RoPE, SiLU-and-multiply, residual adds (the embedding
+// gather is matmul.cu's embedding_rows, over every weight layout).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -103,17 +104,6 @@ __global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int64_t 
   }
 }
 
-template <ElemType T>
-__global__ void embedding_kernel(const void* table, int64_t cols, const int32_t* tokens,
-                                 float* out) {
-  const int64_t t = blockIdx.x;
-  const int64_t row = tokens[t];
-  float* o = out + t * cols;
-  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) {
-    o[i] = load_elem<T>(table, row * cols + i);
-  }
-}
-
 // Blocks for a grid-stride loop over n elements.
 unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
@@ -163,26 +153,6 @@ cudaError_t add_bias(float* y, const float* bias, int64_t n_tokens, int64_t dim,
   const int64_t n = n_tokens * dim;
   if (n <= 0) return cudaSuccess;
   add_bias_kernel<<<grid_for(n, 256), 256, 0, stream>>>(y, bias, n, dim);
-  return cudaGetLastError();
-}
-
-cudaError_t embedding(const void* table, ElemType type, int64_t cols, const int32_t* tokens,
-                      int64_t n_tokens, float* out, cudaStream_t stream) {
-  if (n_tokens <= 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>(n_tokens);
-  switch (type) {
-    case ElemType::kF32:
-      embedding_kernel<ElemType::kF32><<<grid, 256, 0, stream>>>(table, cols, tokens, out);
-      break;
-    case ElemType::kF16:
-      embedding_kernel<ElemType::kF16><<<grid, 256, 0, stream>>>(table, cols, tokens, out);
-      break;
-    case ElemType::kBF16:
-      embedding_kernel<ElemType::kBF16><<<grid, 256, 0, stream>>>(table, cols, tokens, out);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
   return cudaGetLastError();
 }
 

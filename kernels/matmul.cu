@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "cuda_kernels.h"
@@ -101,13 +103,14 @@ __host__ __device__ inline int warps_per_row(int64_t cols) {
   return cols >= 4096 ? 4 : cols >= 2048 ? 2 : 1;
 }
 
-// Tokens [blockIdx.x * TT, +TT) of the job's rows [blockIdx.y * RPB, +RPB), RPB = kWarpsPerBlock
-// / WPR rows per block, each row's 256-column chunks dealt to its WPR warps in turn (chunk c to
-// part c % WPR): the token tiles of one row group are neighbours in launch order, so they run
-// together and the weight rows come from HBM once. Every (t, r) takes the same sequence of
-// __fmaf_rn over its part's columns in order whatever TT and n_tokens, the same butterfly, and
-// the parts are added in part order: the instantiations give identical bits, and a fused GLU
-// output equals matmul + silu_mul.
+// Tokens [blockIdx.x * TT, +TT) of the job's row groups blockIdx.y, blockIdx.y + gridDim.y, ...
+// (group g: rows [g * RPB, +RPB), RPB = kWarpsPerBlock / WPR rows per block), each row's
+// 256-column chunks dealt to its WPR warps in turn (chunk c to part c % WPR): the token tiles of
+// one row group are neighbours in launch order, so they run together and the weight rows come
+// from HBM once. Every (t, r) takes the same sequence of __fmaf_rn over its part's columns in
+// order whatever TT, n_tokens and the grid, the same butterfly, and the parts are added in part
+// order: the instantiations give identical bits, and a fused GLU output equals matmul +
+// silu_mul.
 template <WeightType W, int TT, int WPR, bool GLU>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(MatmulJob job, const float* __restrict__ x, int64_t n_tokens, bool vec) {
@@ -115,98 +118,137 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   __shared__ float part_sum[kWarpsPerBlock][GLU ? 2 : 1][TT];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int part = warp % WPR;
-  const int64_t R = static_cast<int64_t>(blockIdx.y) * kRows + warp / WPR;
-  const bool valid = R < job.row_start[job.count];
-  int m = 0;
-  while (m + 1 < job.count && R >= job.row_start[m + 1]) ++m;
-  const int64_t r = R - job.row_start[m];
-  const DeviceWeights& w = job.w[m];
+  const int64_t groups = (job.row_start[job.count] + kRows - 1) / kRows;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * TT;
   const int nt = static_cast<int>(n_tokens - t0 < TT ? n_tokens - t0 : TT);
   const int64_t cols = job.w[0].cols;
-  float acc[TT], acc2[TT];
-#pragma unroll
-  for (int t = 0; t < TT; ++t) acc[t] = acc2[t] = 0.0f;
   constexpr int64_t kStep = static_cast<int64_t>(kChunk) * WPR;
-  int64_t k0 = static_cast<int64_t>(part) * kChunk + lane * 8;
-  if (valid) {
-    for (; k0 + (kUnroll - 1) * kStep < cols; k0 += kUnroll * kStep) {
-      float wv[kUnroll][8], uv[GLU ? kUnroll : 1][8];
+  // Row groups blockIdx.y, + gridDim.y, ...: a grid smaller than the rows keeps its warps
+  // streaming instead of paying a block's start and drain per row (matmul_set_grid_cap()).
+  for (int64_t G = blockIdx.y; G < groups; G += gridDim.y) {
+    const int64_t R = G * kRows + warp / WPR;
+    const bool valid = R < job.row_start[job.count];
+    int m = 0;
+    while (m + 1 < job.count && R >= job.row_start[m + 1]) ++m;
+    const int64_t r = R - job.row_start[m];
+    const DeviceWeights& w = job.w[m];
+    float acc[TT], acc2[TT];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        load_w8<W>(w, r, k0 + u * kStep, vec, wv[u]);
-        if constexpr (GLU) load_w8<W>(job.w[1], r, k0 + u * kStep, vec, uv[u]);
+    for (int t = 0; t < TT; ++t) acc[t] = acc2[t] = 0.0f;
+    int64_t k0 = static_cast<int64_t>(part) * kChunk + lane * 8;
+    if (valid) {
+      for (; k0 + (kUnroll - 1) * kStep < cols; k0 += kUnroll * kStep) {
+        float wv[kUnroll][8], uv[GLU ? kUnroll : 1][8];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          load_w8<W>(w, r, k0 + u * kStep, vec, wv[u]);
+          if constexpr (GLU) load_w8<W>(job.w[1], r, k0 + u * kStep, vec, uv[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+          for (int t = 0; t < TT; ++t) {
+            if (t < nt) {
+              float xv[8];
+              load_x8(x, cols, t0 + t, k0 + u * kStep, vec, xv);
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                acc[t] = __fmaf_rn(wv[u][j], xv[j], acc[t]);
+                if constexpr (GLU) acc2[t] = __fmaf_rn(uv[u][j], xv[j], acc2[t]);
+              }
+            }
+          }
+        }
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (; k0 < cols; k0 += kStep) {
+        float wv[8], uv[8];
+        load_w8<W>(w, r, k0, vec, wv);
+        if constexpr (GLU) load_w8<W>(job.w[1], r, k0, vec, uv);
 #pragma unroll
         for (int t = 0; t < TT; ++t) {
           if (t < nt) {
             float xv[8];
-            load_x8(x, cols, t0 + t, k0 + u * kStep, vec, xv);
+            load_x8(x, cols, t0 + t, k0, vec, xv);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-              acc[t] = __fmaf_rn(wv[u][j], xv[j], acc[t]);
-              if constexpr (GLU) acc2[t] = __fmaf_rn(uv[u][j], xv[j], acc2[t]);
+              acc[t] = __fmaf_rn(wv[j], xv[j], acc[t]);
+              if constexpr (GLU) acc2[t] = __fmaf_rn(uv[j], xv[j], acc2[t]);
             }
           }
         }
       }
     }
-    for (; k0 < cols; k0 += kStep) {
-      float wv[8], uv[8];
-      load_w8<W>(w, r, k0, vec, wv);
-      if constexpr (GLU) load_w8<W>(job.w[1], r, k0, vec, uv);
-#pragma unroll
-      for (int t = 0; t < TT; ++t) {
-        if (t < nt) {
-          float xv[8];
-          load_x8(x, cols, t0 + t, k0, vec, xv);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            acc[t] = __fmaf_rn(wv[j], xv[j], acc[t]);
-            if constexpr (GLU) acc2[t] = __fmaf_rn(uv[j], xv[j], acc2[t]);
-          }
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < TT; ++t) {
-    acc[t] = warp_sum(acc[t]);
-    if constexpr (GLU) acc2[t] = warp_sum(acc2[t]);
-  }
-  if constexpr (WPR > 1) {
-    if (lane == 0) {
-#pragma unroll
-      for (int t = 0; t < TT; ++t) {
-        part_sum[warp][0][t] = acc[t];
-        if constexpr (GLU) part_sum[warp][1][t] = acc2[t];
-      }
-    }
-    __syncthreads();
-    if (part != 0) return;
 #pragma unroll
     for (int t = 0; t < TT; ++t) {
-      float s = part_sum[warp][0][t], s2 = GLU ? part_sum[warp][GLU ? 1 : 0][t] : 0.0f;
+      acc[t] = warp_sum(acc[t]);
+      if constexpr (GLU) acc2[t] = warp_sum(acc2[t]);
+    }
+    if constexpr (WPR > 1) {
+      if (lane == 0) {
 #pragma unroll
-      for (int p = 1; p < WPR; ++p) {
-        s += part_sum[warp + p][0][t];
-        if constexpr (GLU) s2 += part_sum[warp + p][GLU ? 1 : 0][t];
+        for (int t = 0; t < TT; ++t) {
+          part_sum[warp][0][t] = acc[t];
+          if constexpr (GLU) part_sum[warp][1][t] = acc2[t];
+        }
       }
-      acc[t] = s;
-      acc2[t] = s2;
+      __syncthreads();
+      if (part == 0) {
+#pragma unroll
+        for (int t = 0; t < TT; ++t) {
+          float s = part_sum[warp][0][t], s2 = GLU ? part_sum[warp][GLU ? 1 : 0][t] : 0.0f;
+#pragma unroll
+          for (int p = 1; p < WPR; ++p) {
+            s += part_sum[warp + p][0][t];
+            if constexpr (GLU) s2 += part_sum[warp + p][GLU ? 1 : 0][t];
+          }
+          acc[t] = s;
+          acc2[t] = s2;
+        }
+      }
+      __syncthreads();  // part_sum is free for the next row group
+    }
+    if (valid && lane == 0 && part == 0) {
+#pragma unroll
+      for (int t = 0; t < TT; ++t) {
+        if (t >= nt) continue;
+        float v = acc[t];
+        if constexpr (GLU) v = v / (1.0f + expf(-v)) * acc2[t];  // as silu_mul
+        float* out = job.y[m] + (t0 + t) * w.rows + r;
+        *out = job.accumulate ? *out + v : v;
+      }
     }
   }
-  if (!valid || lane != 0) return;
-#pragma unroll
-  for (int t = 0; t < TT; ++t) {
-    if (t >= nt) continue;
-    float v = acc[t];
-    if constexpr (GLU) v = v / (1.0f + expf(-v)) * acc2[t];  // as silu_mul
-    float* out = job.y[m] + (t0 + t) * w.rows + r;
-    *out = job.accumulate ? *out + v : v;
+}
+
+// Blocks per SM that a launch's row groups are folded into (0: one block per row group; -1:
+// the default). The default, measured on an H200 (gpu_kernel_bench, gpu_engine_bench; bf16
+// weights of a 1B model): 8 blocks per SM for one token tile (decode at batch 1: 11.8 against
+// 13.1 us for q/k/v, 16.6 against 17.2 for down) and 4 for several (batch 64: gate/up 613
+// against 764 us, a whole step 29.8 against 34.7 ms), where the loop keeps fewer, longer-lived
+// warps streaming instead of paying a block's start and drain per row group.
+int g_grid_cap = -2;  // -2: not read from the environment yet
+int g_sm_count = 0;
+
+int64_t row_blocks(int64_t groups, int64_t token_tiles) {
+  if (g_grid_cap == -2) {
+    const char* env = std::getenv("CLEAVE_CUDA_MATMUL_BLOCKS_PER_SM");
+    g_grid_cap = env ? std::max(0, std::atoi(env)) : -1;
   }
+  if (g_sm_count == 0) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
+      g_sm_count = sms > 0 ? sms : 1;
+    }
+  }
+  const int per_sm = g_grid_cap >= 0 ? g_grid_cap : (token_tiles == 1 ? 8 : 4);
+  int64_t cap = 65535;
+  if (per_sm > 0 && g_sm_count > 0) {
+    // The whole grid (token tiles x row blocks) at about per_sm blocks per SM.
+    const int64_t want = static_cast<int64_t>(per_sm) * g_sm_count;
+    cap = std::min<int64_t>(cap, std::max<int64_t>(1, want / std::max<int64_t>(1, token_tiles)));
+  }
+  return std::min(groups, cap);
 }
 
 template <WeightType W, int TT, int WPR>
@@ -214,7 +256,9 @@ void launch_tile(const MatmulJob& job, const float* x, int64_t n, bool vec, bool
                  cudaStream_t stream) {
   const int64_t rows = job.row_start[job.count];
   const int64_t rpb = kWarpsPerBlock / WPR;
-  const dim3 grid(static_cast<unsigned>((n + TT - 1) / TT), static_cast<unsigned>((rows + rpb - 1) / rpb));
+  const int64_t tiles = (n + TT - 1) / TT;
+  const dim3 grid(static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(row_blocks((rows + rpb - 1) / rpb, tiles)));
   if (glu) {
     matmul_kernel<W, TT, WPR, true><<<grid, kWarpsPerBlock * 32, 0, stream>>>(job, x, n, vec);
   } else {
@@ -253,10 +297,7 @@ cudaError_t launch_job(const MatmulJob& job, const float* x, int64_t n, bool glu
       return cudaErrorInvalidValue;
     }
   }
-  if (n > (int64_t{1} << 31) ||
-      job.row_start[job.count] > 65535LL * kWarpsPerBlock / warps_per_row(w0.cols)) {
-    return cudaErrorInvalidValue;
-  }
+  if (n > (int64_t{1} << 31)) return cudaErrorInvalidValue;
   // 16-byte loads need 16-byte aligned rows of both operands: cols % 8 == 0 (cudaMalloc'd bases).
   bool vec = w0.cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
   for (int m = 0; m < used; ++m) vec = vec && reinterpret_cast<uintptr_t>(job.w[m].data) % 16 == 0;
@@ -284,6 +325,8 @@ __global__ void embedding_rows_kernel(DeviceWeights w, const int32_t* tokens, fl
 }
 
 }  // namespace
+
+void matmul_set_grid_cap(int blocks_per_sm) { g_grid_cap = blocks_per_sm < 0 ? -1 : blocks_per_sm; }
 
 cudaError_t matmul(const DeviceWeights& w, const float* x, int64_t n_tokens, float* y,
                    cudaStream_t stream) {

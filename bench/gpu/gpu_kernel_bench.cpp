@@ -1,10 +1,11 @@
-// The GPU kernels beside the floor the device's memory bandwidth sets: paged decode attention at
-// batch 1, 16 and 64 over a 4,096-token context of a Llama-3.2-1B-shaped layer (32 query heads,
-// 8 KV heads of 64, bf16 KV), and RMSNorm over its 2,048-wide rows. Bytes are what the kernel
-// must read at least (each token's K and V rows once); the floor is bytes / bandwidth, the
-// bandwidth given by --hbm-tbps (4.8 for H200). Exits 77 without a CUDA device.
+// The GPU kernels beside the floor the device's memory bandwidth sets: paged decode attention of a
+// Llama-3.2-1B-shaped layer (32 query heads, 8 KV heads of 64, bf16 KV) at batch 1 over 256 and
+// 4,096 tokens and at batch 16 and 64 over 4,096, RMSNorm over its 2,048-wide rows, and its
+// matmuls at each grid cap. Bytes are what the kernel must read at least (each token's K and V
+// rows once); the floor is bytes / bandwidth, the bandwidth given by --hbm-tbps (4.8 for H200).
+// Exits 77 without a CUDA device.
 //
-// Usage: gpu_kernel_bench [--hbm-tbps 4.8] [--context 4096] [--iters 50]
+// Usage: gpu_kernel_bench [--hbm-tbps 4.8] [--context 4096] [--iters 50] [--matmul-caps -1,0,4,8]
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -63,12 +64,22 @@ float median_ms(int iters, cudaStream_t stream, Fn&& fn) {
 
 int main(int argc, char** argv) {
   double tbps = 4.8;
-  int64_t context = 4096;
+  int64_t context_flag = 4096;
   int iters = 50;
+  std::vector<int> caps = {-1, 0, 4, 8};  // -1: the default
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--hbm-tbps") tbps = std::atof(argv[i + 1]);
-    else if (f == "--context") context = std::atoll(argv[i + 1]);
+    else if (f == "--context") context_flag = std::atoll(argv[i + 1]);
+    else if (f == "--matmul-caps") {
+      caps.clear();
+      for (const char* p = argv[i + 1]; *p;) {
+        char* end = nullptr;
+        caps.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+        if (end == p) break;
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
     else if (f == "--iters") iters = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "gpu_kernel_bench: unknown flag '%s'\n", f.c_str());
@@ -85,7 +96,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
   const int64_t heads = 32, kv_heads = 8, hd = 64, kv_dim = kv_heads * hd, bs = 16;
-  const int64_t max_batch = 64, blocks_per_seq = (context + bs - 1) / bs;
+  const int64_t max_batch = 64, blocks_per_seq = (context_flag + bs - 1) / bs;
   const int64_t num_blocks = max_batch * blocks_per_seq;
   const size_t pool_bytes = static_cast<size_t>(num_blocks) * 2 * bs * kv_dim * 2;  // bf16
   std::byte* pool = nullptr;
@@ -95,7 +106,9 @@ int main(int argc, char** argv) {
               prop.multiProcessorCount, prop.l2CacheSize >> 20, tbps);
   std::printf("%-34s %10s %12s %10s %8s\n", "kernel", "median us", "bytes", "floor us", "x floor");
   std::mt19937 rng(7);
-  for (int64_t batch : {1, 16, 64}) {
+  for (const auto& shape : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 256}, {1, context_flag}, {16, context_flag}, {64, context_flag}}) {
+    const int64_t batch = shape.first, context = shape.second;
     std::vector<int64_t> positions(batch, context - 1), slots(batch), seq_blocks(batch);
     std::vector<int32_t> seq(batch), ids(static_cast<size_t>(batch * blocks_per_seq));
     for (int64_t s = 0; s < batch; ++s) {
@@ -155,34 +168,53 @@ int main(int argc, char** argv) {
     cudaFree(dx);
     cudaFree(dw);
   }
-  // Weight matrix times activations (bf16 weights, f32 activations) for a 1B model's largest
-  // shapes: bytes are the weights once plus the activations in and out.
-  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{8192, 2048},
-                                                                          {2048, 8192}}) {
+  // Weight matrix times activations (bf16 weights, f32 activations) for a 1B model's shapes:
+  // the fused gate/up (GLU, two 8192x2048), down (2048x8192) and q/k/v (3072x2048). Bytes are
+  // the weights once plus the activations in and out. Each runs at every grid cap of
+  // --matmul-caps (matmul_set_grid_cap: blocks per SM; 0 = a block per row group; -1 = the
+  // default); the bits are the same, so the default can be chosen by measurement.
+  struct Shape {
+    const char* name;
+    int64_t rows, cols;
+    bool glu;
+  };
+  for (const Shape& sh : {Shape{"glu", 8192, 2048, true}, Shape{"down", 2048, 8192, false},
+                          Shape{"qkv", 3072, 2048, false}}) {
+    const int64_t rows = sh.rows, cols = sh.cols;
     std::vector<uint16_t> w(static_cast<size_t>(rows * cols));
     for (auto& e : w) e = static_cast<uint16_t>(0x3c00 + (rng() & 0xff));  // bf16 near 0.008
     uint16_t* dw = device_copy(w);
+    uint16_t* du = sh.glu ? device_copy(w) : nullptr;
     cleave::cuda::DeviceWeights dwt{cleave::cuda::WeightType::kBF16, dw, nullptr, nullptr, rows,
                                     cols};
+    cleave::cuda::DeviceWeights dut = dwt;
+    dut.data = du;
     for (int64_t n : {1, 16, 64}) {
       std::vector<float> x(static_cast<size_t>(n * cols), 0.5f);
       float* dx = device_copy(x);
       float* dy = nullptr;
       CHECK(cudaMalloc(reinterpret_cast<void**>(&dy), static_cast<size_t>(n * rows) * 4));
-      const float ms = median_ms(iters, stream, [&] {
-        CHECK(cleave::cuda::matmul(dwt, dx, n, dy, stream));
-      });
-      const double bytes = static_cast<double>(rows) * cols * 2 + 4.0 * n * (rows + cols);
-      const double floor_us = bytes / (tbps * 1e12) * 1e6;
-      char name[64];
-      std::snprintf(name, sizeof name, "matmul bf16 %lldx%lld n=%lld", static_cast<long long>(rows),
-                    static_cast<long long>(cols), static_cast<long long>(n));
-      std::printf("%-34s %10.1f %12.0f %10.1f %8.2f\n", name, ms * 1e3, bytes, floor_us,
-                  ms * 1e3 / floor_us);
+      for (int cap : caps) {
+        cleave::cuda::matmul_set_grid_cap(cap);
+        const float ms = median_ms(iters, stream, [&] {
+          if (sh.glu) CHECK(cleave::cuda::matmul_glu(dwt, dut, dx, n, dy, stream));
+          else CHECK(cleave::cuda::matmul(dwt, dx, n, dy, stream));
+        });
+        const double bytes =
+            static_cast<double>(rows) * cols * 2 * (sh.glu ? 2 : 1) + 4.0 * n * (rows + cols);
+        const double floor_us = bytes / (tbps * 1e12) * 1e6;
+        char name[64];
+        std::snprintf(name, sizeof name, "matmul %s %lldx%lld n=%lld cap=%s", sh.name,
+                      static_cast<long long>(rows), static_cast<long long>(cols),
+                      static_cast<long long>(n), cap < 0 ? "dflt" : std::to_string(cap).c_str());
+        std::printf("%-34s %10.1f %12.0f %10.1f %8.2f\n", name, ms * 1e3, bytes, floor_us,
+                    ms * 1e3 / floor_us);
+      }
       cudaFree(dx);
       cudaFree(dy);
     }
     cudaFree(dw);
+    if (du) cudaFree(du);
   }
   cudaFree(pool);
   return 0;

@@ -181,8 +181,9 @@ TEST_F(CudaKernelsTest, EmbeddingGathersExactRows) {
   DeviceBuffer<float> table(f), out(want.size());
   DeviceBuffer<int32_t> dt(tokens);
   out.poison();
-  CUDA_OK(cuda::embedding(table.get(), cuda::ElemType::kF32, cols, dt.get(),
-                          static_cast<int64_t>(tokens.size()), out.get(), stream_));
+  const cuda::DeviceWeights w{cuda::WeightType::kF32, table.get(), nullptr, nullptr, rows, cols};
+  CUDA_OK(cuda::embedding_rows(w, dt.get(), static_cast<int64_t>(tokens.size()), out.get(),
+                               stream_));
   sync();
   EXPECT_EQ(out.download(), want);
 }

@@ -91,6 +91,13 @@ struct EngineLoopOptions {
   bool kv_staging = false;
 };
 
+// Whether a worker's KV pool needs the host mirror (EngineLoopOptions::kv_staging): a pool in
+// device memory (backend_device >= 0) whose transfer provider cannot reach device memory (no
+// FI_HMEM: tcp, shm, Debian's libfabric).
+inline bool kv_mirror_needed(int backend_device, bool provider_hmem) {
+  return backend_device >= 0 && !provider_hmem;
+}
+
 // Receives a prefill's KV as it is computed (see "Disaggregation" above). Called on the engine
 // thread inside the forward pass: must not block (queue the transfer and return).
 class KvExportSink {

@@ -237,6 +237,22 @@ TEST_P(EngineLoopTest, CreateRejectsBadOptions) {
             StatusCode::kInvalidArgument);
 }
 
+// The host mirror is for device pools whose provider cannot reach device memory; asked for on
+// a host pool, the loop does without it and the transfer engine registers the pool itself.
+TEST_P(EngineLoopTest, TheKvMirrorIsForDevicePoolsOnly) {
+  EXPECT_TRUE(kv_mirror_needed(0, /*provider_hmem=*/false));
+  EXPECT_FALSE(kv_mirror_needed(0, /*provider_hmem=*/true));
+  EXPECT_FALSE(kv_mirror_needed(-1, /*provider_hmem=*/false));
+  EXPECT_FALSE(kv_mirror_needed(-1, /*provider_hmem=*/true));
+  EngineLoopOptions o = options(16, 64);
+  o.kv_staging = true;
+  auto r = EngineLoop::create(m_.model(), m_.tok, o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_FALSE((*r)->kv_staged());
+  EXPECT_EQ((*r)->kv_device(), -1);
+  EXPECT_EQ((*r)->kv_transfer_data(), (*r)->kv_data());
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, EngineLoopTest, ::testing::Values("stories260K", "synth"),
                          [](const auto& info) { return info.param; });
 
