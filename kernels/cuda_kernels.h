@@ -83,12 +83,21 @@ cudaError_t add_bias(float* y, const float* bias, int64_t n_tokens, int64_t dim,
 // to the pool's type (round to nearest even, as the CPU backend's kv_store).
 cudaError_t write_kv(const DeviceTokenBatch& batch, const float* k, const float* v,
                      const DevicePagedKv& kv, int64_t layer, cudaStream_t stream);
-// Keys of one split of a token's attention: 128 (a tile of 32 keys for each of a block's 4
-// warps) times ceil(n_keys / 2048), so a token has at most 16 splits; a function of the token's
-// key count alone (batch invariance).
+// rope() of q ([n_tokens, q_stride], n_q_heads heads) and of k ([n_tokens, kv.kv_dim]), then
+// write_kv() of the rotated k and v, in one launch; q and k are rotated in place. The same bits
+// as the three launches (one RoPE rotation for both). positions: the batch's (device memory).
+// Not yet used by the backend: its test (FusedRopeAndKvWriteEqualTheSeparateLaunches) has not
+// run on a GPU.
+cudaError_t rope_write_kv(const DeviceTokenBatch& batch, float* q, int64_t q_stride,
+                          int64_t n_q_heads, float* k, const float* v, int64_t n_kv_heads,
+                          int64_t head_dim, bool neox, const float* inv_freq,
+                          const DevicePagedKv& kv, int64_t layer, cudaStream_t stream);
+// Keys of one split of a token's attention: 32 (one tile, a key per lane) times
+// ceil(n_keys / 512), so a token has at most 16 splits and short contexts are spread over many
+// blocks; a function of the token's key count alone (batch invariance).
 __host__ __device__ inline int64_t attention_split_keys(int64_t n_keys) {
-  const int64_t m = (n_keys + 2047) / 2048;
-  return 128 * (m > 0 ? m : 1);
+  const int64_t m = (n_keys + 511) / 512;
+  return 32 * (m > 0 ? m : 1);
 }
 // Floats of `partials` paged_attention() needs for n_tokens tokens of at most max_keys keys
 // (0 when no token has more than one split).
@@ -99,10 +108,10 @@ int64_t attention_partial_floats(int64_t n_tokens, int64_t max_keys, int64_t n_h
 // query head h reads KV head h / (n_heads / n_kv_heads). head_dim at most 256. max_keys: the
 // largest position + 1 in the batch (it sizes the grid); partials: attention_partial_floats()
 // floats of scratch (may be null when that is 0).
-// Flash-decoding: one block per (token, KV head, split of attention_split_keys keys) scores the
-// split for up to 8 query heads of that KV head (each K and V row read once for them), then a
-// second kernel merges a token's splits in split order. Every reduction order depends on the
-// token's position alone, so a token's result does not depend on the batch.
+// Flash-decoding: one block per (token, KV head, split of attention_split_keys keys), a warp per
+// query head of that KV head (up to 4; more take more blocks), then a second kernel merges a
+// token's splits in split order. Every reduction order depends on the token's position alone, so
+// a token's result does not depend on the batch.
 cudaError_t paged_attention(const DeviceTokenBatch& batch, const float* q, float* out,
                             const DevicePagedKv& kv, int64_t layer, int64_t n_heads,
                             int64_t n_kv_heads, int64_t head_dim, int64_t max_keys,

@@ -31,6 +31,17 @@ __device__ __forceinline__ void store_elem(void* base, int64_t i, float v) {
   }
 }
 
+// The rotation of one RoPE pair (x0, x1) of a token at `pos` by frequency inv_freq, written as
+// rope_kernel (elementwise.cu) writes it, so that they round alike (rope_kernel is to use it too
+// once the fused kernel's test has run on a GPU).
+__device__ __forceinline__ void rope_pair(float pos, float inv_freq, float& x0, float& x1) {
+  float s, c;
+  sincosf(pos * inv_freq, &s, &c);
+  const float v0 = x0, v1 = x1;
+  x0 = v0 * c - v1 * s;
+  x1 = v0 * s + v1 * c;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;

@@ -19,57 +19,92 @@ namespace {
 
 constexpr int kWarpsPerBlock = 4;
 constexpr int kChunk = 256;  // columns a warp covers per step: 32 lanes x 8
-constexpr int kUnroll = 4;   // chunks whose weights are loaded before they are used
+// Chunks whose weights are loaded before they are used: 8 for one matrix and a tile of up to 2
+// tokens (about 128 bytes of 16-bit weights in flight per lane), else 4 (a GLU's two matrices, or
+// wider tiles, whose accumulators need the registers).
+template <bool GLU, int TT>
+constexpr int kUnroll = GLU || TT > 2 ? 4 : 8;
 
-// 8 weights of row r from column k (k % 8 == 0) as f32; columns >= cols read as 0. `vec`: the
-// row starts 16-byte aligned and holds whole 8-column chunks (cols % 8 == 0).
+// 8 weights of row r from column k (k % 8 == 0) as loaded (WRaw) and as f32 (decode); columns
+// >= cols read as 0. `vec`: the row starts 16-byte aligned and holds whole 8-column chunks
+// (cols % 8 == 0). The raw form is what a load leaves in registers (4 for 16-bit weights, not 8
+// floats), so more of a warp's loads fit in flight at once.
 template <WeightType W>
-__device__ __forceinline__ void load_w8(const DeviceWeights& w, int64_t r, int64_t k, bool vec,
-                                        float out[8]) {
+struct WRaw {
+  uint4 a, b;   // f32: two float4; f16/bf16: a; int8 levels: a.x, a.y
+  float s, o;   // int8 groups: scale and offset
+};
+
+template <WeightType W>
+__device__ __forceinline__ void load_raw(const DeviceWeights& w, int64_t r, int64_t k, bool vec,
+                                         WRaw<W>& raw) {
   const int64_t cols = w.cols;
   if constexpr (W == WeightType::kF32) {
     const float* p = static_cast<const float*>(w.data) + r * cols + k;
     if (vec && k + 8 <= cols) {
-      const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-      const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-      out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-      out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+      raw.a = __ldg(reinterpret_cast<const uint4*>(p));
+      raw.b = __ldg(reinterpret_cast<const uint4*>(p) + 1);
     } else {
+      float* f = reinterpret_cast<float*>(&raw.a);
+      float* g = reinterpret_cast<float*>(&raw.b);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = k + j < cols ? p[j] : 0.0f;
+      for (int j = 0; j < 4; ++j) {
+        f[j] = k + j < cols ? p[j] : 0.0f;
+        g[j] = k + 4 + j < cols ? p[4 + j] : 0.0f;
+      }
     }
   } else if constexpr (W == WeightType::kF16 || W == WeightType::kBF16) {
-    using T = std::conditional_t<W == WeightType::kF16, __half, __nv_bfloat16>;
-    const T* p = static_cast<const T*>(w.data) + r * cols + k;
+    const uint16_t* p = static_cast<const uint16_t*>(w.data) + r * cols + k;
     if (vec && k + 8 <= cols) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-      const T* h = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if constexpr (W == WeightType::kF16) out[j] = __half2float(h[j]);
-        else out[j] = __bfloat162float(h[j]);
-      }
+      raw.a = __ldg(reinterpret_cast<const uint4*>(p));
     } else {
+      uint16_t* h = reinterpret_cast<uint16_t*>(&raw.a);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (k + j < cols) {
-          if constexpr (W == WeightType::kF16) out[j] = __half2float(p[j]);
-          else out[j] = __bfloat162float(p[j]);
-        } else {
-          out[j] = 0.0f;
-        }
-      }
+      for (int j = 0; j < 8; ++j) h[j] = k + j < cols ? p[j] : uint16_t{0};  // +0.0
     }
   } else {
     // kInt8Groups: cols % 32 == 0, so a chunk of 8 sits inside one group of 16.
     const int8_t* p = static_cast<const int8_t*>(w.data) + r * cols + k;
     const int64_t g = r * (cols / 16) + k / 16;
-    const float s = __ldg(w.scales + g), o = __ldg(w.offsets + g);
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(p));
-    const int8_t* q = reinterpret_cast<const int8_t*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = __fmaf_rn(s, static_cast<float>(q[j]), o);
+    raw.s = __ldg(w.scales + g);
+    raw.o = __ldg(w.offsets + g);
+    const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
+    raw.a.x = q.x;
+    raw.a.y = q.y;
   }
+}
+
+template <WeightType W>
+__device__ __forceinline__ void decode(const WRaw<W>& raw, float out[8]) {
+  if constexpr (W == WeightType::kF32) {
+    const float* f = reinterpret_cast<const float*>(&raw.a);
+    const float* g = reinterpret_cast<const float*>(&raw.b);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      out[j] = f[j];
+      out[4 + j] = g[j];
+    }
+  } else if constexpr (W == WeightType::kF16) {
+    const __half* h = reinterpret_cast<const __half*>(&raw.a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = __half2float(h[j]);
+  } else if constexpr (W == WeightType::kBF16) {
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw.a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(h[j]);
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(&raw.a);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = __fmaf_rn(raw.s, static_cast<float>(q[j]), raw.o);
+  }
+}
+
+template <WeightType W>
+__device__ __forceinline__ void load_w8(const DeviceWeights& w, int64_t r, int64_t k, bool vec,
+                                        float out[8]) {
+  WRaw<W> raw;
+  load_raw<W>(w, r, k, vec, raw);
+  decode<W>(raw, out);
 }
 
 // 8 activations of row t from column k, as load_w8.
@@ -111,8 +146,10 @@ __host__ __device__ inline int warps_per_row(int64_t cols) {
 // order whatever TT, n_tokens and the grid, the same butterfly, and the parts are added in part
 // order: the instantiations give identical bits, and a fused GLU output equals matmul +
 // silu_mul.
+// Wide tiles with at most 102 registers (5 blocks an SM; a GLU 128, 4); narrow ones as ptxas
+// chooses (about 72 for one token).
 template <WeightType W, int TT, int WPR, bool GLU>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, TT > 4 ? (GLU ? 4 : 5) : 0)
     matmul_kernel(MatmulJob job, const float* __restrict__ x, int64_t n_tokens, bool vec) {
   constexpr int kRows = kWarpsPerBlock / WPR;
   __shared__ float part_sum[kWarpsPerBlock][GLU ? 2 : 1][TT];
@@ -137,15 +174,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int t = 0; t < TT; ++t) acc[t] = acc2[t] = 0.0f;
     int64_t k0 = static_cast<int64_t>(part) * kChunk + lane * 8;
     if (valid) {
-      for (; k0 + (kUnroll - 1) * kStep < cols; k0 += kUnroll * kStep) {
-        float wv[kUnroll][8], uv[GLU ? kUnroll : 1][8];
+      for (; k0 + (kUnroll<GLU, TT> - 1) * kStep < cols; k0 += kUnroll<GLU, TT> * kStep) {
+        WRaw<W> wr[kUnroll<GLU, TT>], ur[GLU ? kUnroll<GLU, TT> : 1];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          load_w8<W>(w, r, k0 + u * kStep, vec, wv[u]);
-          if constexpr (GLU) load_w8<W>(job.w[1], r, k0 + u * kStep, vec, uv[u]);
+        for (int u = 0; u < kUnroll<GLU, TT>; ++u) {
+          load_raw<W>(w, r, k0 + u * kStep, vec, wr[u]);
+          if constexpr (GLU) load_raw<W>(job.w[1], r, k0 + u * kStep, vec, ur[u]);
         }
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < kUnroll<GLU, TT>; ++u) {
+          float wv[8], uv[8];
+          decode<W>(wr[u], wv);
+          if constexpr (GLU) decode<W>(ur[u], uv);
 #pragma unroll
           for (int t = 0; t < TT; ++t) {
             if (t < nt) {
@@ -153,8 +193,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
               load_x8(x, cols, t0 + t, k0 + u * kStep, vec, xv);
 #pragma unroll
               for (int j = 0; j < 8; ++j) {
-                acc[t] = __fmaf_rn(wv[u][j], xv[j], acc[t]);
-                if constexpr (GLU) acc2[t] = __fmaf_rn(uv[u][j], xv[j], acc2[t]);
+                acc[t] = __fmaf_rn(wv[j], xv[j], acc[t]);
+                if constexpr (GLU) acc2[t] = __fmaf_rn(uv[j], xv[j], acc2[t]);
               }
             }
           }
@@ -222,10 +262,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 // Blocks per SM that a launch's row groups are folded into (0: one block per row group; -1:
 // the default). The default, measured on an H200 (gpu_kernel_bench, gpu_engine_bench; bf16
-// weights of a 1B model): 8 blocks per SM for one token tile (decode at batch 1: 11.8 against
-// 13.1 us for q/k/v, 16.6 against 17.2 for down) and 4 for several (batch 64: gate/up 613
-// against 764 us, a whole step 29.8 against 34.7 ms), where the loop keeps fewer, longer-lived
-// warps streaming instead of paying a block's start and drain per row group.
+// weights of a 1B model): a block per row group for one token tile (decode at batch 1: a step of
+// 1.397 ms against 1.536 with 8 blocks per SM), and 4 per SM for several (batch 64: gate/up 541
+// against 643 us, a step 25.9 against 27.7 ms), where the loop keeps fewer, longer-lived warps
+// streaming instead of paying a block's start and drain per row group.
 int g_grid_cap = -2;  // -2: not read from the environment yet
 int g_sm_count = 0;
 
@@ -241,7 +281,7 @@ int64_t row_blocks(int64_t groups, int64_t token_tiles) {
       g_sm_count = sms > 0 ? sms : 1;
     }
   }
-  const int per_sm = g_grid_cap >= 0 ? g_grid_cap : (token_tiles == 1 ? 8 : 4);
+  const int per_sm = g_grid_cap >= 0 ? g_grid_cap : (token_tiles == 1 ? 0 : 4);
   int64_t cap = 65535;
   if (per_sm > 0 && g_sm_count > 0) {
     // The whole grid (token tiles x row blocks) at about per_sm blocks per SM.

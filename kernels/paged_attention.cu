@@ -8,10 +8,9 @@
 namespace cleave::cuda {
 namespace {
 
-constexpr int kAttnThreads = 128;  // 4 warps per (token, KV head, split)
+constexpr int kAttnThreads = 128;  // 4 warps (query heads) per (token, KV head, split)
 constexpr int kWarps = kAttnThreads / 32;
 constexpr int kMaxHeadDim = 256;
-constexpr int kHeadsPerBlock = 8;  // query heads of one KV head handled together
 
 __device__ __forceinline__ size_t elem_bytes(ElemType t) { return t == ElemType::kF32 ? 4 : 2; }
 
@@ -37,6 +36,44 @@ __global__ void write_kv_kernel(DeviceTokenBatch b, const float* k, const float*
   }
 }
 
+// RoPE of each token's q and k rows, then its k (rotated) and v rows into its slot, in one
+// launch: a block per token; the k pairs are stored to the pool as they are rotated.
+template <ElemType T>
+__global__ void rope_write_kv_kernel(DeviceTokenBatch b, float* q, int64_t q_stride,
+                                     int64_t n_q_heads, float* k, const float* v,
+                                     int64_t n_kv_heads, int64_t head_dim, bool neox,
+                                     const float* inv_freq, DevicePagedKv kv, int64_t layer) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = b.kv_slots[t];
+  const float pos = static_cast<float>(b.positions[t]);
+  std::byte* krow = kv.base + k_row_offset(kv, layer, slot / kv.block_size, slot % kv.block_size);
+  std::byte* vrow = krow + static_cast<size_t>(kv.block_size) * kv.kv_dim * elem_bytes(T);
+  const int64_t half = head_dim / 2;
+  for (int64_t i = threadIdx.x; i < (n_q_heads + n_kv_heads) * half; i += blockDim.x) {
+    const int64_t h = i / half, j = i % half;
+    const int64_t i0 = neox ? j : 2 * j, i1 = neox ? j + half : 2 * j + 1;
+    if (h < n_q_heads) {
+      float* head = q + t * q_stride + h * head_dim;
+      float x0 = head[i0], x1 = head[i1];
+      rope_pair(pos, inv_freq[j], x0, x1);
+      head[i0] = x0;
+      head[i1] = x1;
+    } else {
+      const int64_t off = (h - n_q_heads) * head_dim;
+      float* head = k + t * kv.kv_dim + off;
+      float x0 = head[i0], x1 = head[i1];
+      rope_pair(pos, inv_freq[j], x0, x1);
+      head[i0] = x0;
+      head[i1] = x1;
+      store_elem<T>(krow, off + i0, x0);
+      store_elem<T>(krow, off + i1, x1);
+    }
+  }
+  for (int64_t i = threadIdx.x; i < kv.kv_dim; i += blockDim.x) {
+    store_elem<T>(vrow, i, v[t * kv.kv_dim + i]);
+  }
+}
+
 // 8 elements of a K or V row from element i (i % 8 == 0, the row 16-byte aligned) as f32.
 template <ElemType T>
 __device__ __forceinline__ void load8(const std::byte* row, int64_t i, float out[8]) {
@@ -53,23 +90,26 @@ __device__ __forceinline__ void load8(const std::byte* row, int64_t i, float out
   }
 }
 
-// The attention of one split of a token's keys for up to kHeadsPerBlock query heads of one KV
-// head. Warp w takes the split's tiles of 32 keys w, w + kWarps, ...: lane j scores key j of the
-// tile for every head (its K row read once, in head_dim order), the warp updates its running max
-// and sum per head, then accumulates the tile's V rows in key order, lane l owning dims
-// [l * DPL, l * DPL + DPL). The warps' states are merged in warp order; a token with one split
-// writes its output, else the split's (max, sum, accumulator) for combine_kernel. Every order is
-// a function of the token's key count alone (batch invariance).
+// The attention of one split of a token's keys for one query head per warp: warp w of block
+// (t, y, s) takes query head (y % chunks) * kWarps + w of KV head y / chunks (the block's warps
+// read the same K and V rows, so they come from L2 once). For each tile of 32 keys of the split,
+// in order, lane j scores key j (its K row read once, in head_dim order), the warp updates its
+// running max and sum, then accumulates the tile's V rows in key order, lane l owning dims
+// [l * DPL, l * DPL + DPL). A token with one split writes its output, else the split's (max,
+// sum, accumulator) for combine_kernel. Every order is a function of the token's key count
+// alone (batch invariance), and no warp waits for another.
 template <ElemType T, int DPL>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(DeviceTokenBatch b, const float* q, float* out, DevicePagedKv kv,
                      int64_t layer, int64_t n_heads, int64_t group, int64_t head_dim,
                      float scale, float* partials, int64_t max_splits) {
   const int64_t t = blockIdx.x;
-  const int64_t chunks = (group + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunks = (group + kWarps - 1) / kWarps;
   const int64_t kvh = blockIdx.y / chunks;
-  const int64_t h0 = kvh * group + (blockIdx.y % chunks) * kHeadsPerBlock;
-  const int nh = static_cast<int>(min(static_cast<int64_t>(kHeadsPerBlock), kvh * group + group - h0));
+  const int64_t hq = (blockIdx.y % chunks) * kWarps + warp;
+  if (hq >= group) return;  // no barrier below: a warp without a head may leave
+  const int64_t head = kvh * group + hq;
   const int64_t n_keys = b.positions[t] + 1;
   const int64_t split = attention_split_keys(n_keys);
   const int64_t n_splits = (n_keys + split - 1) / split;
@@ -77,81 +117,59 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (s >= n_splits) return;
   const int64_t k_begin = s * split, k_end = min(n_keys, k_begin + split);
   const int32_t* table = b.block_ids + b.seq_blocks[b.seq[t]];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const size_t esize = T == ElemType::kF32 ? 4 : 2;
   const size_t row_bytes = static_cast<size_t>(kv.kv_dim) * esize;
   const size_t v_skip = static_cast<size_t>(kv.block_size) * row_bytes;
+  const size_t head_off = static_cast<size_t>(kvh * head_dim) * esize;
   const bool vec = head_dim % 8 == 0;
 
-  __shared__ float qs[kHeadsPerBlock][kMaxHeadDim];
-  __shared__ float wm[kWarps][kHeadsPerBlock], wl[kWarps][kHeadsPerBlock];
-  __shared__ float wacc[kWarps][kHeadsPerBlock][kMaxHeadDim];
-  for (int64_t i = threadIdx.x; i < nh * head_dim; i += kAttnThreads) {
-    qs[i / head_dim][i % head_dim] = q[(t * n_heads + h0 + i / head_dim) * head_dim + i % head_dim];
-  }
-  __syncthreads();
+  __shared__ float qs_all[kWarps][kMaxHeadDim];
+  float* qs = qs_all[warp];
+  for (int64_t i = lane; i < head_dim; i += 32) qs[i] = q[(t * n_heads + head) * head_dim + i];
+  __syncwarp();
 
-  float m[kHeadsPerBlock], l[kHeadsPerBlock], acc[kHeadsPerBlock][DPL];
+  float m = -CUDART_INF_F, l = 0.0f, acc[DPL];
 #pragma unroll
-  for (int h = 0; h < kHeadsPerBlock; ++h) {
-    m[h] = -CUDART_INF_F;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int d = 0; d < DPL; ++d) acc[h][d] = 0.0f;
-  }
-  for (int64_t j0 = k_begin + static_cast<int64_t>(warp) * 32; j0 < k_end; j0 += kWarps * 32) {
+  for (int d = 0; d < DPL; ++d) acc[d] = 0.0f;
+  for (int64_t j0 = k_begin; j0 < k_end; j0 += 32) {
     const int64_t key = j0 + lane;
     const bool valid = key < k_end;
-    float sc[kHeadsPerBlock];
-#pragma unroll
-    for (int h = 0; h < kHeadsPerBlock; ++h) sc[h] = 0.0f;
     // Each lane finds its own key's row once; the V pass below takes the other lanes' rows by
     // shuffle, so no key waits for a block-table load behind another's.
     const std::byte* krow =
         valid ? kv.base + k_row_offset(kv, layer, table[key / kv.block_size], key % kv.block_size) +
-                    static_cast<size_t>(kvh * head_dim) * esize
+                    head_off
               : kv.base;
+    float sc = 0.0f;
     if (valid) {
       if (vec) {
-        for (int64_t d0 = 0; d0 < head_dim; d0 += 8) {
+        // head_dim <= 32 * DPL: at most 4 * DPL pieces of 8, in order.
+#pragma unroll
+        for (int c = 0; c < 4 * DPL; ++c) {
+          const int64_t d0 = static_cast<int64_t>(c) * 8;
+          if (d0 >= head_dim) break;
           float kx[8];
           load8<T>(krow, d0, kx);
 #pragma unroll
-          for (int h = 0; h < kHeadsPerBlock; ++h) {
-            if (h < nh) {
-#pragma unroll
-              for (int j = 0; j < 8; ++j) sc[h] = __fmaf_rn(qs[h][d0 + j], kx[j], sc[h]);
-            }
-          }
+          for (int j = 0; j < 8; ++j) sc = __fmaf_rn(qs[d0 + j], kx[j], sc);
         }
       } else {
-        for (int64_t d = 0; d < head_dim; ++d) {
-          const float kx = load_elem<T>(krow, d);
-#pragma unroll
-          for (int h = 0; h < kHeadsPerBlock; ++h) {
-            if (h < nh) sc[h] = __fmaf_rn(qs[h][d], kx, sc[h]);
-          }
-        }
+        for (int64_t d = 0; d < head_dim; ++d) sc = __fmaf_rn(qs[d], load_elem<T>(krow, d), sc);
       }
     }
-    float p[kHeadsPerBlock];
+    const float x = valid ? sc * scale : -CUDART_INF_F;
+    const float new_m = fmaxf(m, warp_max(x));
+    const float corr = expf(m - new_m);  // 0 on the first tile
+    const float p = valid ? expf(x - new_m) : 0.0f;
+    l = l * corr + warp_sum(p);
+    m = new_m;
 #pragma unroll
-    for (int h = 0; h < kHeadsPerBlock; ++h) {
-      if (h >= nh) continue;
-      const float x = valid ? sc[h] * scale : -CUDART_INF_F;
-      const float new_m = fmaxf(m[h], warp_max(x));
-      const float corr = expf(m[h] - new_m);  // 0 on the first tile
-      p[h] = valid ? expf(x - new_m) : 0.0f;
-      l[h] = l[h] * corr + warp_sum(p[h]);
-      m[h] = new_m;
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) acc[h][d] *= corr;
-    }
+    for (int d = 0; d < DPL; ++d) acc[d] *= corr;
     const int n = static_cast<int>(min(static_cast<int64_t>(32), k_end - j0));
     const unsigned long long my_v = reinterpret_cast<unsigned long long>(krow + v_skip);
     // V rows in groups of kVGroup keys: the group's loads are all issued before the first
     // multiply (one memory round trip a group, not a key), then accumulated in key order.
-    constexpr int kVGroup = 8;
+    constexpr int kVGroup = DPL <= 2 ? 16 : 8;
     for (int g = 0; g < n; g += kVGroup) {
       float vx[kVGroup][DPL];
 #pragma unroll
@@ -167,55 +185,27 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
       for (int jj = 0; jj < kVGroup; ++jj) {
         if (g + jj >= n) break;
+        const float pj = __shfl_sync(0xffffffffu, p, g + jj);
 #pragma unroll
-        for (int h = 0; h < kHeadsPerBlock; ++h) {
-          if (h >= nh) continue;
-          const float pj = __shfl_sync(0xffffffffu, p[h], g + jj);
-#pragma unroll
-          for (int d = 0; d < DPL; ++d) acc[h][d] = __fmaf_rn(pj, vx[jj][d], acc[h][d]);
-        }
+        for (int d = 0; d < DPL; ++d) acc[d] = __fmaf_rn(pj, vx[jj][d], acc[d]);
       }
     }
   }
-  // Warp states to shared memory, then merged in warp order by all threads over (head, dim).
-#pragma unroll
-  for (int h = 0; h < kHeadsPerBlock; ++h) {
-    if (h >= nh) continue;
-    if (lane == 0) {
-      wm[warp][h] = m[h];
-      wl[warp][h] = l[h];
-    }
-#pragma unroll
-    for (int d = 0; d < DPL; ++d) {
-      const int64_t dim = static_cast<int64_t>(lane) * DPL + d;
-      if (dim < head_dim) wacc[warp][h][dim] = acc[h][d];
-    }
-  }
-  __syncthreads();
   const int64_t stride = head_dim + 2;  // a partial: accumulator, then max and sum
-  for (int64_t i = threadIdx.x; i < nh * head_dim; i += kAttnThreads) {
-    const int h = static_cast<int>(i / head_dim);
-    const int64_t dim = i % head_dim;
-    float mx = -CUDART_INF_F;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, wm[w][h]);
-    float sum = 0.0f, a = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (wm[w][h] == -CUDART_INF_F) continue;  // a warp that had no key
-      const float f = expf(wm[w][h] - mx);
-      sum = __fmaf_rn(wl[w][h], f, sum);
-      a = __fmaf_rn(wacc[w][h][dim], f, a);
-    }
-    const int64_t head = h0 + h;
+  float* part = partials + ((t * n_heads + head) * max_splits + s) * stride;
+#pragma unroll
+  for (int d = 0; d < DPL; ++d) {
+    const int64_t dim = static_cast<int64_t>(lane) * DPL + d;
+    if (dim >= head_dim) break;
     if (n_splits == 1) {
-      out[(t * n_heads + head) * head_dim + dim] = a / sum;
+      out[(t * n_heads + head) * head_dim + dim] = acc[d] / l;
     } else {
-      float* part = partials + ((t * n_heads + head) * max_splits + s) * stride;
-      part[dim] = a;
-      if (dim == 0) {
-        part[head_dim] = mx;
-        part[head_dim + 1] = sum;
-      }
+      part[dim] = acc[d];
     }
+  }
+  if (n_splits > 1 && lane == 0) {
+    part[head_dim] = m;
+    part[head_dim + 1] = l;
   }
 }
 
@@ -247,7 +237,7 @@ cudaError_t launch_attention(const DeviceTokenBatch& batch, const float* q, floa
                              const DevicePagedKv& kv, int64_t layer, int64_t n_heads,
                              int64_t group, int64_t head_dim, float* partials,
                              int64_t max_splits, cudaStream_t stream) {
-  const int64_t chunks = (group + kHeadsPerBlock - 1) / kHeadsPerBlock;
+  const int64_t chunks = (group + kWarps - 1) / kWarps;
   const dim3 grid(static_cast<unsigned>(batch.n_tokens),
                   static_cast<unsigned>((n_heads / group) * chunks),
                   static_cast<unsigned>(max_splits));
@@ -290,6 +280,30 @@ cudaError_t write_kv(const DeviceTokenBatch& batch, const float* k, const float*
     default:
       return cudaErrorInvalidValue;
   }
+  return cudaGetLastError();
+}
+
+cudaError_t rope_write_kv(const DeviceTokenBatch& batch, float* q, int64_t q_stride,
+                          int64_t n_q_heads, float* k, const float* v, int64_t n_kv_heads,
+                          int64_t head_dim, bool neox, const float* inv_freq,
+                          const DevicePagedKv& kv, int64_t layer, cudaStream_t stream) {
+  if (batch.n_tokens <= 0) return cudaSuccess;
+  if (head_dim <= 0 || head_dim % 2 != 0 || n_kv_heads * head_dim != kv.kv_dim ||
+      q_stride < n_q_heads * head_dim) {
+    return cudaErrorInvalidValue;
+  }
+  const unsigned grid = static_cast<unsigned>(batch.n_tokens);
+#define CLEAVE_ROPE_KV(T)                                                                 \
+  rope_write_kv_kernel<T><<<grid, 256, 0, stream>>>(batch, q, q_stride, n_q_heads, k, v, \
+                                                    n_kv_heads, head_dim, neox, inv_freq,  \
+                                                    kv, layer)
+  switch (kv.dtype) {
+    case ElemType::kF32: CLEAVE_ROPE_KV(ElemType::kF32); break;
+    case ElemType::kF16: CLEAVE_ROPE_KV(ElemType::kF16); break;
+    case ElemType::kBF16: CLEAVE_ROPE_KV(ElemType::kBF16); break;
+    default: return cudaErrorInvalidValue;
+  }
+#undef CLEAVE_ROPE_KV
   return cudaGetLastError();
 }
 

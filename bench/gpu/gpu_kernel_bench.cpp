@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   double tbps = 4.8;
   int64_t context_flag = 4096;
   int iters = 50;
-  std::vector<int> caps = {-1, 0, 4, 8};  // -1: the default
+  std::vector<int> caps = {-1, 0, 4, 8, 16};  // -1: the default
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--hbm-tbps") tbps = std::atof(argv[i + 1]);

@@ -349,15 +349,15 @@ void LlamaModel::Impl::run_layers(const PagedKv& kv, const ForwardHooks* hooks,
       be.add_bias(k, w.k_bias, n, kv_dim);
       be.add_bias(v, w.v_bias, n, kv_dim);
     }
-    RopeArgs rope{.x = q, .row_stride = q_dim, .n_tokens = n, .positions = tb.positions,
-                  .n_heads = cfg.n_heads, .head_dim = cfg.head_dim, .style = cfg.rope_style,
-                  .inv_freq = inv_freq};
-    be.rope(rope);
-    rope.x = k;
-    rope.row_stride = kv_dim;
-    rope.n_heads = cfg.n_kv_heads;
-    be.rope(rope);
-    be.write_kv(KvWriteArgs{.batch = &tb, .k = k, .v = v, .kv = kv, .layer = l});
+    const RopeArgs rope_q{.x = q, .row_stride = q_dim, .n_tokens = n, .positions = tb.positions,
+                          .n_heads = cfg.n_heads, .head_dim = cfg.head_dim,
+                          .style = cfg.rope_style, .inv_freq = inv_freq};
+    RopeArgs rope_k = rope_q;
+    rope_k.x = k;
+    rope_k.row_stride = kv_dim;
+    rope_k.n_heads = cfg.n_kv_heads;
+    be.rope_write_kv(rope_q, rope_k,
+                     KvWriteArgs{.batch = &tb, .k = k, .v = v, .kv = kv, .layer = l});
     if (hooks != nullptr) {
       be.mark_kv_written(l);
       while (next_hook <= l && be.kv_written(next_hook, false)) hooks->on_layer_done(next_hook++);

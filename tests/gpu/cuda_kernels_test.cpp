@@ -14,6 +14,8 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "cleave/common/thread_pool.h"
@@ -380,6 +382,60 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndShapes, PagedKernelsTest,
                          ::testing::Combine(::testing::Values(DType::kF32, DType::kF16,
                                                               DType::kBF16),
                                             ::testing::Values(0, 1)));
+
+// The fused RoPE + KV write gives the bits of rope(q), rope(k) and write_kv, for both RoPE
+// styles and every KV type.
+TEST_F(CudaKernelsTest, FusedRopeAndKvWriteEqualTheSeparateLaunches) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (bool neox : {false, true}) {
+      PagedCase c;
+      c.n_heads = 9;
+      c.n_kv_heads = 3;
+      c.head_dim = 64;
+      c.dtype = dtype;
+      c.make_tables(rng_);
+      std::vector<std::pair<int32_t, int64_t>> toks = {{0, 0}, {1, 36}, {2, 299}, {2, 64}, {1, 5}};
+      const Batch b = make_batch(c, toks);
+      const int64_t n = static_cast<int64_t>(toks.size()), q_stride = c.n_heads * c.head_dim + 32;
+      std::vector<float> inv(static_cast<size_t>(c.head_dim / 2));
+      for (size_t j = 0; j < inv.size(); ++j) {
+        inv[j] = std::pow(10000.0f, -2.0f * static_cast<float>(j) / static_cast<float>(c.head_dim));
+      }
+      const auto q = random_floats(rng_, static_cast<size_t>(n * q_stride));
+      const auto k = random_floats(rng_, static_cast<size_t>(n * c.kv_dim()));
+      const auto v = random_floats(rng_, static_cast<size_t>(n * c.kv_dim()));
+      DeviceBatch db(b);
+      DeviceBuffer<float> dinv(inv);
+      auto ok = [](cudaError_t e) { EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e); };
+      using Out = std::tuple<std::vector<float>, std::vector<float>, std::vector<std::byte>>;
+      auto run = [&](bool fused) -> Out {
+        DeviceBuffer<float> dq(q), dk(k), dv(v);
+        DeviceBuffer<std::byte> pool(c.pool_bytes());
+        ok(cudaMemset(pool.get(), 0, c.pool_bytes()));
+        const auto kv = c.device_kv(pool.get());
+        if (fused) {
+          ok(cuda::rope_write_kv(db.view(n), dq.get(), q_stride, c.n_heads, dk.get(), dv.get(),
+                                      c.n_kv_heads, c.head_dim, neox, dinv.get(), kv, 1, stream_));
+        } else {
+          ok(cuda::rope(dq.get(), q_stride, n, db.positions.get(), c.n_heads, c.head_dim, neox,
+                             dinv.get(), stream_));
+          ok(cuda::rope(dk.get(), c.kv_dim(), n, db.positions.get(), c.n_kv_heads, c.head_dim,
+                             neox, dinv.get(), stream_));
+          ok(cuda::write_kv(db.view(n), dk.get(), dv.get(), kv, 1, stream_));
+        }
+        sync();
+        return std::make_tuple(dq.download(), dk.download(), pool.download());
+      };
+      const auto [q1, k1, p1] = run(false);
+      const auto [q2, k2, p2] = run(true);
+      const std::string what = std::string(dtype_name(dtype)) + (neox ? " neox" : " normal");
+      EXPECT_EQ(std::memcmp(q1.data(), q2.data(), q1.size() * 4), 0) << what << ": q";
+      EXPECT_EQ(std::memcmp(k1.data(), k2.data(), k1.size() * 4), 0) << what << ": k";
+      EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size()), 0) << what << ": the pool";
+      EXPECT_NE(q1, q) << what << ": nothing was rotated";
+    }
+  }
+}
 
 TEST_F(CudaKernelsTest, BadAttentionShapesAreRefused) {
   cuda::DeviceTokenBatch b;

@@ -222,6 +222,12 @@ class Backend {
                        int64_t dim, float* out) = 0;
   virtual void rope(const RopeArgs& args) = 0;
   virtual void write_kv(const KvWriteArgs& args) = 0;
+  // rope(q), rope(k), then write_kv(kv) (kv.k is k.x): one launch on a GPU, the same bits.
+  virtual void rope_write_kv(const RopeArgs& q, const RopeArgs& k, const KvWriteArgs& kv) {
+    rope(q);
+    rope(k);
+    write_kv(kv);
+  }
   virtual void attention(const AttentionArgs& args) = 0;
   // out[i] = silu(gate[i]) * up[i] over n elements; out may alias gate.
   virtual void silu_mul(const float* gate, const float* up, int64_t n, float* out) = 0;
