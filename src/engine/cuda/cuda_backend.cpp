@@ -17,6 +17,7 @@
 #include "cleave/model/quants.h"
 #include "cuda_kernels.h"
 #include "fmt/format.h"
+#include "step_graphs.h"
 
 namespace cleave {
 namespace {
@@ -261,26 +262,24 @@ class CudaBackend final : public Backend {
   Replay begin_replayable(const PagedKv& kv) override {
     if (!graphs_enabled_) return Replay::kEager;
     const int64_t split = cuda::attention_split_keys(max_keys_);
-    // Everything a recorded launch holds by value: the token count, the attention splits and
-    // the pool's layout (a freed pool's address comes back for a pool of another size).
-    const GraphKey key{dbatch_.n_tokens, (max_keys_ + split - 1) / split, kv.base,
-                       kv.num_blocks, kv.block_size, kv.kv_dim, static_cast<int>(kv.dtype)};
-    auto it = graphs_.find(key);
-    if (it == graphs_.end()) {
-      // First sight: eagerly, which also sizes every scratch buffer for this shape.
-      if (graphs_.size() >= kMaxGraphs) clear_graphs();
-      graphs_.emplace(key, nullptr);
-      return Replay::kEager;
-    }
-    if (it->second != nullptr) {
-      if (ok(cudaGraphLaunch(it->second, stream_), "cudaGraphLaunch")) return Replay::kReplayed;
-      return Replay::kEager;
+    const StepShape shape{dbatch_.n_tokens, (max_keys_ + split - 1) / split, kv.base,
+                          kv.num_blocks,     kv.block_size,                  kv.kv_dim,
+                          static_cast<int>(kv.dtype)};
+    cudaGraphExec_t exec = nullptr;
+    switch (graphs_.lookup(shape, &exec)) {
+      case StepGraphs<cudaGraphExec_t>::Action::kEager:
+        return Replay::kEager;
+      case StepGraphs<cudaGraphExec_t>::Action::kReplay:
+        return ok(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch") ? Replay::kReplayed
+                                                                     : Replay::kEager;
+      case StepGraphs<cudaGraphExec_t>::Action::kRecord:
+        break;
     }
     if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
       cudaGetLastError();
       return Replay::kEager;
     }
-    recording_ = key;
+    recording_ = shape;
     return Replay::kRecording;
   }
 
@@ -300,7 +299,7 @@ class CudaBackend final : public Backend {
       first_error_ = Status::Ok();  // the launches' capture errors; the step is issued again
       return false;
     }
-    graphs_[recording_] = exec;
+    graphs_.recorded(recording_, exec);
     return ok(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch");
   }
 
@@ -590,12 +589,7 @@ class CudaBackend final : public Backend {
            align16(cap_ids_ * 4);
   }
 
-  void clear_graphs() {
-    for (auto& [key, exec] : graphs_) {
-      if (exec) cudaGraphExecDestroy(exec);
-    }
-    graphs_.clear();
-  }
+  void clear_graphs() { graphs_.clear(); }
 
   bool grow_staging(uint64_t bytes) {
     clear_graphs();  // they read the old buffers
@@ -697,25 +691,9 @@ class CudaBackend final : public Backend {
   cuda::DeviceTokenBatch dbatch_;
   const int32_t* dtokens_ = nullptr;
   uint64_t cap_tokens_ = 0, cap_seqs_ = 0, cap_ids_ = 0;  // staging capacities
-  // Recorded steps (CUDA graphs) by the shape their launches depend on: tokens, attention
-  // splits, the KV pool. Null: seen once, recorded on the next sight.
-  struct GraphKey {
-    int64_t n_tokens;
-    int64_t splits;
-    const void* kv;
-    int64_t num_blocks, block_size, kv_dim;
-    int dtype;
-    bool operator==(const GraphKey&) const = default;
-  };
-  struct GraphKeyHash {
-    size_t operator()(const GraphKey& k) const {
-      return std::hash<int64_t>()(k.n_tokens * 131 + k.splits) ^
-             std::hash<const void*>()(k.kv) ^ std::hash<int64_t>()(k.num_blocks * 7919 + k.block_size);
-    }
-  };
-  static constexpr size_t kMaxGraphs = 256;
-  std::unordered_map<GraphKey, cudaGraphExec_t, GraphKeyHash> graphs_;
-  GraphKey recording_{};
+  // Recorded steps (CUDA graphs) by the shape their launches depend on (step_graphs.h).
+  StepGraphs<cudaGraphExec_t> graphs_{[](cudaGraphExec_t g) { cudaGraphExecDestroy(g); }};
+  StepShape recording_{};
   bool profiling_ = std::getenv("CLEAVE_CUDA_PROFILE") != nullptr &&
                    std::string_view(std::getenv("CLEAVE_CUDA_PROFILE")) == "1";
   bool graphs_enabled_ = !profiling_ && (std::getenv("CLEAVE_CUDA_GRAPHS") == nullptr ||
