@@ -144,6 +144,13 @@ int64_t ReservationTable::size() const {
   return static_cast<int64_t>(by_id_.size());
 }
 
+int64_t ReservationTable::claimed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& [id, e] : by_id_) n += e.claimed ? 1 : 0;
+  return n;
+}
+
 void ReservationTable::erase_locked(std::unordered_map<RequestId, Entry>::iterator it) {
   by_tag_.erase(it->second.tag);
   by_id_.erase(it);

@@ -93,6 +93,8 @@ class ReservationTable {
   void shutdown();
 
   int64_t size() const;
+  // Entries a Decode has claimed (waiting for their KV).
+  int64_t claimed() const;
 
  private:
   struct Entry {

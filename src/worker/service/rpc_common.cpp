@@ -126,6 +126,7 @@ grpc::ServerUnaryReactor* WorkerRpcs::GetLoad(grpc::CallbackServerContext* ctx,
     out->set_blocks_pinned(s.blocks_pinned);
     out->set_blocks_held(s.blocks_held);
     out->set_prefill_tokens(core_.prefill_tokens.load(std::memory_order_relaxed));
+    out->set_decodes_waiting(core_.reservations.claimed());
     return Status::Ok();
   });
 }

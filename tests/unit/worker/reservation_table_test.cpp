@@ -102,11 +102,17 @@ TEST(ReservationTableTest, OneDecodeClaimsAReservation) {
   ReservationTable t;
   EXPECT_EQ(t.claim(1).outcome, Outcome::kNotFound);
   t.add(1, 4, 1s);
+  t.add(2, 4, 1s);
+  EXPECT_EQ(t.claimed(), 0);
   const ReservationTable::Claim c = t.claim(1);
   EXPECT_EQ(c.outcome, Outcome::kFilled);
+  EXPECT_EQ(t.claimed(), 1);  // LoadReport.decodes_waiting
   EXPECT_EQ(t.claim(1).outcome, Outcome::kBusy);
   EXPECT_FALSE(t.poll(1, c, false).has_value());  // still waiting
   EXPECT_EQ(t.claim(1).outcome, Outcome::kBusy);
+  EXPECT_EQ(t.claimed(), 1);
+  EXPECT_TRUE(t.remove(1));
+  EXPECT_EQ(t.claimed(), 0);
 }
 
 TEST(ReservationTableTest, PollTellsEachOutcomeOnceAndEndsTheEntry) {

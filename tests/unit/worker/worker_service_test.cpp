@@ -489,7 +489,12 @@ TEST_F(WorkerServiceTest, ReservationsLeasesAndRelease) {
     read_stream(*r, o);
     return o;
   });
-  std::this_thread::sleep_for(100ms);
+  // Abort once the Decode waits on the reservation (before, Abort would end the reservation
+  // alone and the Decode find none: NOT_FOUND, which is another case).
+  for (int i = 0; i < 500 && load(*decode.stub).decodes_waiting() < 1; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(load(*decode.stub).decodes_waiting(), 1);
   v1::AbortRequest areq;
   areq.set_request_id(4);
   v1::AbortResponse aresp;
