@@ -222,11 +222,12 @@ class DispatchCall final : public DispatchHandle,
   // watchdog's resolution (under 6 watch periods) is not renewed.
   void renew_lease_if_due(std::chrono::steady_clock::time_point now);
   void renew_on_prefill(std::chrono::steady_clock::time_point asked, int attempt);
-  // One RenewLease; `then` gets whether it renewed (a failure is logged, naming `not_found`
-  // when the worker had nothing under the id).
+  // One RenewLease for `lease`, within renewal_deadline(full_lease); `then` gets whether it
+  // renewed (a failure is logged, naming `not_found` when the worker had nothing under the id).
   void send_renewal(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id,
-                    std::chrono::milliseconds lease, const char* not_found,
-                    std::function<void(bool)> then);
+                    std::chrono::milliseconds lease, std::chrono::milliseconds full_lease,
+                    const char* not_found, std::function<void(bool)> then);
+  std::chrono::milliseconds renewal_deadline(std::chrono::milliseconds lease) const;
   void renewal_done(bool renewed);
   // first_token < 0: an early Decode (its first token comes in the notice), gated.
   void start_decode(int32_t first_token);
@@ -304,10 +305,10 @@ class DispatchCall final : public DispatchHandle,
   int64_t cached_prompt_tokens_ = 0;  // the prefill's, for the finished event's usage
   std::atomic<int64_t> watch_deadline_ns_{0};  // steady clock; 0: no watchdog deadline
   // Lease renewal of the current attempt's reservation (dispatch_stages.cpp): the next one's
-  // time (steady clock ns; 0: none), the lease, and whether one is in flight.
+  // time (steady clock ns; 0: none) and the lease. Each round sends its own RenewLease, whether
+  // or not the last one was answered (renewal_deadline bounds how many are in flight).
   std::atomic<int64_t> renew_at_ns_{0};
   std::chrono::milliseconds lease_{0};  // under mu_
-  bool renewing_ = false;               // under mu_
 };
 
 }  // namespace cleave::router

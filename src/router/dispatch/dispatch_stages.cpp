@@ -145,7 +145,6 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
     // Renewed while the Prefill waits in its worker's queue or runs (renew_lease_if_due).
     std::lock_guard<std::mutex> lock(mu_);
     lease_ = lease;
-    renewing_ = false;
     renew_at_ns_.store(steady_ns(Clock::now() + lease / 3), std::memory_order_relaxed);
   }
   auto self = shared_from_this();
@@ -239,8 +238,6 @@ void DispatchCall::renew_lease_if_due(Clock::time_point now) {
     renew_at_ns_.store(now_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(lease_ / 3)
                                     .count(),
                        std::memory_order_relaxed);
-    if (renewing_) return;  // the last one has not been answered: the next round tries again
-    renewing_ = true;
     decode = workers_.decode;
     id = id_;
     lease = lease_;
@@ -248,7 +245,7 @@ void DispatchCall::renew_lease_if_due(Clock::time_point now) {
   }
   // The decode worker first: the prefill's bound must never pass the decode worker's.
   auto self = shared_from_this();
-  send_renewal(decode, id, lease, "no such reservation (used, released or expired)",
+  send_renewal(decode, id, lease, lease, "no such reservation (used, released or expired)",
                [self, now, attempt](bool renewed) {
                  if (renewed) {
                    self->renew_on_prefill(now, attempt);
@@ -258,11 +255,18 @@ void DispatchCall::renew_lease_if_due(Clock::time_point now) {
                });
 }
 
+std::chrono::milliseconds DispatchCall::renewal_deadline(std::chrono::milliseconds lease) const {
+  // A round's RPC is over (answered or DEADLINE_EXCEEDED) by the time a round after next is due,
+  // so at most two rounds are ever in flight, and one that hangs never holds up the next.
+  return std::max(std::chrono::milliseconds(1),
+                  std::min(core_->options.timeouts.cleanup, lease / 3));
+}
+
 void DispatchCall::send_renewal(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id,
-                                std::chrono::milliseconds lease, const char* not_found,
+                                std::chrono::milliseconds lease,
+                                std::chrono::milliseconds full_lease, const char* not_found,
                                 std::function<void(bool)> then) {
-  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(
-      core_->options.timeouts.cleanup);
+  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(renewal_deadline(full_lease));
   op->request.set_request_id(id);
   op->request.set_lease_ms(lease.count());
   worker->stub->async()->RenewLease(
@@ -280,16 +284,16 @@ void DispatchCall::send_renewal(const std::shared_ptr<WorkerEndpoint>& worker, u
 void DispatchCall::renew_on_prefill(Clock::time_point asked, int attempt) {
   std::shared_ptr<WorkerEndpoint> prefill;
   uint64_t id = 0;
-  std::chrono::milliseconds left{0};
+  std::chrono::milliseconds left{0}, full{0};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stage_ != Stage::kPrefill || attempt_.load() != attempt || ended_) {
-      renewing_ = false;
       return;  // the Prefill has answered meanwhile: nothing is left to renew there
     }
     prefill = workers_.prefill;
     id = id_;
     // The decode worker's lease began at most this long ago.
+    full = lease_;
     left = lease_ - std::chrono::ceil<std::chrono::milliseconds>(Clock::now() - asked);
   }
   if (left.count() < 1) {
@@ -297,15 +301,11 @@ void DispatchCall::renew_on_prefill(Clock::time_point asked, int attempt) {
     return;
   }
   auto self = shared_from_this();
-  send_renewal(prefill, id, left, "no such prefill (ended, or its writes stopped)",
+  send_renewal(prefill, id, left, full, "no such prefill (ended, or its writes stopped)",
                [self](bool renewed) { self->renewal_done(renewed); });
 }
 
 void DispatchCall::renewal_done(bool renewed) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    renewing_ = false;
-  }
   metrics::Counter* c = renewed ? core_->lease_renewed : core_->lease_renewal_lost;
   if (c) c->inc();
 }
