@@ -18,20 +18,44 @@ namespace cleave::router {
 
 namespace {
 
-// How long shutdown() waits for the ended requests' gRPC callbacks to drop the dispatcher's
-// state.
-constexpr auto kCoreReleaseBound = std::chrono::seconds(1);
+// How long shutdown() waits, beyond the cleanup RPCs' own deadline (an ended request's Abort or
+// Release may still be in flight), for the ended requests' gRPC callbacks to drop the
+// dispatcher's state.
+constexpr auto kCoreReleaseMargin = std::chrono::seconds(1);
+
+// The core holds the pools' channels, which must not be destroyed on one of gRPC's callback
+// threads (worker_pools.h). Its owner deletes it at once (t_owner_releases); a last reference
+// dropped anywhere else (a callback that outlived shutdown's wait, a caller's handle) hands the
+// deletion to a thread of its own.
+thread_local bool t_owner_releases = false;
+
+void delete_core(DispatchCore* core) {
+  if (t_owner_releases) {
+    delete core;
+    return;
+  }
+  std::thread([core] {
+    set_thread_name("dispatch-free");
+    delete core;
+  }).detach();
+}
 
 class DispatcherImpl final : public Dispatcher {
  public:
   explicit DispatcherImpl(const DispatcherOptions& options)
-      : core_(std::make_shared<DispatchCore>(options)),
+      : core_(new DispatchCore(options), delete_core),
         discovery_(std::make_unique<WorkerDiscovery>(options, core_->pools)) {
     discovery_->start();
     watch_ = std::thread([this] { watch_loop(); });
   }
 
-  ~DispatcherImpl() override { shutdown(); }
+  ~DispatcherImpl() override {
+    shutdown();
+    discovery_.reset();  // it reads the core's pools
+    t_owner_releases = true;
+    core_.reset();
+    t_owner_releases = false;
+  }
 
   Result<std::shared_ptr<DispatchHandle>> submit(DispatchRequest request,
                                                  std::shared_ptr<RequestObserver> observer) override {
@@ -102,7 +126,8 @@ class DispatcherImpl final : public Dispatcher {
     // The ended calls' last references go on gRPC's callback threads a moment after their end;
     // the core, with the channels of its pools, must be destroyed here, not there (see
     // worker_pools.h). A handle its caller still holds keeps it past the bound.
-    const auto until = std::chrono::steady_clock::now() + kCoreReleaseBound;
+    const auto until =
+        std::chrono::steady_clock::now() + core_->options.timeouts.cleanup + kCoreReleaseMargin;
     while (core_.use_count() > 1 && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
