@@ -42,12 +42,12 @@ inline __m256i bits_to_bytes(uint32_t bits) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
 }
 
-// Two nibbles per byte, 16 bytes: elements 0-15 from the low nibbles, 16-31 from the high ones.
+// Two nibbles per byte, 16 bytes: elements 0-15 from the low nibbles, 16-31 from the high ones
+// (the 16 bytes in both halves, the upper half shifted right by 4: a load and two operations).
 inline __m256i nibbles32(const std::byte* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F));
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-  return _mm256_setr_m128i(lo, hi);
+  const __m256i v =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), mask8(0x0F));
 }
 
 struct Scales {
@@ -235,10 +235,81 @@ inline __m256i block_sub_scales(__m256i sc16, int jb) {
 // row so that enough misses stay in flight.
 constexpr int64_t kPrefetchBytes = 1024;
 
+inline uint32_t load_u32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The legacy formats keep their f16 d at byte 0 of a block and, with a min, their f16 m at
+// byte 2: the first four bytes of R <= 4 rows' blocks convert in one instruction, lane 2 r = d
+// and lane 2 r + 1 = m of row r (two bytes of levels, unused, for the formats without a min).
+template <int R>
+inline __m256 dm_of(const std::byte* unit, uint64_t row_bytes) {
+  static_assert(R >= 1 && R <= 4);
+  __m128i v = _mm_cvtsi32_si128(static_cast<int>(load_u32(unit)));
+  if constexpr (R > 1) v = _mm_insert_epi32(v, static_cast<int>(load_u32(unit + row_bytes)), 1);
+  if constexpr (R > 2) v = _mm_insert_epi32(v, static_cast<int>(load_u32(unit + 2 * row_bytes)), 2);
+  if constexpr (R > 3) v = _mm_insert_epi32(v, static_cast<int>(load_u32(unit + 3 * row_bytes)), 3);
+  return _mm256_cvtph_ps(v);
+}
+
+// tile() for the legacy formats: the same f32 operations lane by lane, with the scale work done
+// for all R rows together. Lane 2 r of dmx[t] is d_r * dx and lane 2 r + 1 is m_r * dx (the
+// products the reference rounds); the min sum of row r runs in lane 2 r + 1 of am[t], the same
+// fma(m * dx, X, am) block after block (mn = 1 here, so mn * X is X).
+template <class Dot, class W, int R, int T>
+inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
+                        float* y, int64_t y_stride) {
+  const int64_t nb = x.n / kQK;
+  __m256 as[R][T], am[T];
+  for (int t = 0; t < T; ++t) {
+    am[t] = _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) as[r][t] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const std::byte* unit = w + b * W::kBytes;  // row 0's block b
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(unit + r * row_bytes) + kPrefetchBytes,
+                   _MM_HINT_T0);
+    }
+    const __m256 dm = dm_of<R>(unit, row_bytes);
+    __m256i xv[T];
+    __m256 dmx[T];
+    for (int t = 0; t < T; ++t) {
+      xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
+      dmx[t] = _mm256_mul_ps(dm, _mm256_set1_ps(x.d[(t0 + t) * nb + b]));
+      if constexpr (W::kMin) {
+        am[t] = _mm256_fmadd_ps(dmx[t], _mm256_set1_ps(x.sum32[(t0 + t) * nb + b]), am[t]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m256i qv = W::levels(unit + r * row_bytes, 0);
+      const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
+      for (int t = 0; t < T; ++t) {
+        const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv[t], qv) : xv[t];
+        const __m256 scale = _mm256_permutevar8x32_ps(dmx[t], _mm256_set1_epi32(2 * r));
+        as[r][t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(Dot::dot(au, bv)), as[r][t]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    alignas(32) float mins[8];
+    _mm256_store_ps(mins, am[t]);
+    for (int r = 0; r < R; ++r) {
+      const float min_sum = W::kMin ? mins[2 * r + 1] : 0.0f;
+      y[t * y_stride + r] = hsum(as[r][t]) + min_sum;
+    }
+  }
+}
+
 // R rows x T tokens; tokens t0 .. t0 + T of x.
 template <class Dot, class W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                  float* y, int64_t y_stride) {
+  if constexpr (W::kBlocks == 1 && R <= 4) {
+    return tile_legacy<Dot, W, R, T>(w, row_bytes, x, t0, y, y_stride);
+  }
   const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
   __m256 as[R][T];
   float am[R][T];
