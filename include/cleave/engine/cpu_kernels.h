@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 
 #include "cleave/common/thread_pool.h"
@@ -56,6 +57,19 @@ float dot_row(const TensorView& w, int64_t r, const float* x);
 // the other sets apply each small block of rows to every token while it is in cache.
 void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_stride,
             int64_t n_tokens, float* y, int64_t out_stride);
+
+// Fused passes, each bit for bit the separate calls, with dense strides (x: [n_tokens, cols],
+// each output [n_tokens, rows]): one parallel pass over the rows instead of one per matrix, the
+// activations quantised once, the element-wise step done by the thread that computed its rows.
+// ys[i] = ws[i] x; every matrix has x's column count.
+void matmul_many(ThreadPool& pool, std::span<const TensorView* const> ws, const float* x,
+                 int64_t n_tokens, std::span<float* const> ys);
+// scratch = up x; out = silu(gate x) * scratch (silu_mul).
+void matmul_glu(ThreadPool& pool, const TensorView& gate, const TensorView& up, const float* x,
+                int64_t n_tokens, float* out, float* scratch);
+// scratch = w x; y += scratch (add_inplace).
+void matmul_add(ThreadPool& pool, const TensorView& w, const float* x, int64_t n_tokens,
+                float* y, float* scratch);
 
 // Converts row r of w to f32 (embedding look-up).
 void row_to_f32(const TensorView& w, int64_t r, float* out);

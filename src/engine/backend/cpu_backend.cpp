@@ -63,6 +63,21 @@ class CpuBackend final : public Backend {
     cpu::matmul(pool_, w, x, w.cols(), n_tokens, y, w.rows());
   }
 
+  void matmul_many(std::span<const TensorView* const> ws, const float* x, int64_t n_tokens,
+                   std::span<float* const> ys) override {
+    cpu::matmul_many(pool_, ws, x, n_tokens, ys);
+  }
+
+  void matmul_add(const TensorView& w, const float* x, int64_t n_tokens, float* y,
+                  float* scratch) override {
+    cpu::matmul_add(pool_, w, x, n_tokens, y, scratch);
+  }
+
+  void matmul_glu(const TensorView& gate, const TensorView& up, const float* x, int64_t n_tokens,
+                  float* out, float* scratch) override {
+    cpu::matmul_glu(pool_, gate, up, x, n_tokens, out, scratch);
+  }
+
   void embedding(const TensorView& table, std::span<const int32_t> tokens, float* out) override {
     const int64_t cols = table.cols();
     for (size_t t = 0; t < tokens.size(); ++t) {
