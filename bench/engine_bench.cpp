@@ -2,15 +2,17 @@
 // the floor that memory bandwidth sets for decode (every weight byte read once per token).
 //
 //   engine_bench --model FILE [--model FILE2 ...] [--threads N] [--prompt-tokens P]
-//                [--gen-tokens G] [--kv-dtype f32,f16,bf16] [--json FILE]
+//                [--gen-tokens G] [--repeat R] [--kv-dtype f32,f16,bf16] [--json FILE]
 //
 // With several models (e.g. one model in F16, Q8_0, Q6_K, Q4_K and Q4_1, made with `cleave
 // convert --to gguf --dtype T`), each is measured in turn and a table of every model's decode and
 // prefill rate beside its read floor (streaming-read bandwidth / weight bytes per token) ends
 // the output; --json then holds one object per line.
 //
-// The prompt is P deterministic token ids; decode continues greedily for G tokens. A short
-// warm-up run first faults the mmapped weights in, so the timings are steady-state rates.
+// The prompt is P deterministic token ids; decode continues greedily for G tokens. A warm-up
+// prefill of the whole prompt and one decode step first fault the mmapped weights in and size the
+// scratch buffers, so the timings are steady-state rates (as llama-bench's warm-up run does);
+// the prefill rate is the mean over R runs of the prompt (default 3, llama-bench's -r).
 // --kv-dtype lists KV cache dtypes (engine.kv_dtype): each model is measured with each, and the
 // table gives each run's decode rate over the first dtype's for that model (a long prompt,
 // e.g. --prompt-tokens 1536, shows what halving the attention reads is worth).
@@ -42,6 +44,7 @@ struct Options {
   int threads = 0;
   int64_t prompt_tokens = 128;
   int64_t gen_tokens = 64;
+  int repeat = 3;
   std::string json;
   std::vector<cleave::DType> kv_dtypes{cleave::DType::kF32};
   cleave::DType kv_dtype = cleave::DType::kF32;  // the one being measured
@@ -61,7 +64,7 @@ struct Figures {
 
 constexpr const char* kUsage =
     "usage: engine_bench --model FILE [--model FILE2 ...] [--threads N] [--prompt-tokens P] "
-    "[--gen-tokens G] [--kv-dtype f32,f16,bf16] [--json FILE]";
+    "[--gen-tokens G] [--repeat R] [--kv-dtype f32,f16,bf16] [--json FILE]";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -71,6 +74,7 @@ Options parse(int argc, char** argv) {
     else if (f.is("--threads")) o.threads = static_cast<int>(f.integer(0));
     else if (f.is("--prompt-tokens")) o.prompt_tokens = f.integer(1);
     else if (f.is("--gen-tokens")) o.gen_tokens = f.integer(1);
+    else if (f.is("--repeat")) o.repeat = static_cast<int>(f.integer(1));
     else if (f.is("--json")) o.json = f.value();
     else if (f.is("--kv-dtype")) {
       o.kv_dtypes.clear();
@@ -129,18 +133,21 @@ cleave::Status run(const Options& o, Figures& f) {
   std::vector<cleave::BlockId> table;
   CLEAVE_RETURN_IF_ERROR(kv->allocate(blocks, table));
 
-  // warm-up: faults the weights in and sizes the scratch buffers (its KV is overwritten below)
-  CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), std::min<size_t>(prompt.size(), 8)}, 0,
-                                        table, *kv, logits));
-  CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), 1}, std::min<int64_t>(o.prompt_tokens, 8),
-                                        table, *kv, logits));
-
-  auto t0 = std::chrono::steady_clock::now();
+  // warm-up: faults the weights in and sizes the scratch buffers for the whole prompt (its KV is
+  // overwritten below)
   CLEAVE_RETURN_IF_ERROR(model->forward(prompt, 0, table, *kv, logits));
-  f.prefill_tok_s = static_cast<double>(o.prompt_tokens) / seconds_since(t0);
+  CLEAVE_RETURN_IF_ERROR(model->forward({prompt.data(), 1}, o.prompt_tokens, table, *kv, logits));
+
+  double prefill_s = 0;
+  for (int i = 0; i < o.repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    CLEAVE_RETURN_IF_ERROR(model->forward(prompt, 0, table, *kv, logits));
+    prefill_s += seconds_since(t0);
+  }
+  f.prefill_tok_s = static_cast<double>(o.prompt_tokens * o.repeat) / prefill_s;
 
   int32_t next = argmax(logits);
-  t0 = std::chrono::steady_clock::now();
+  const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.gen_tokens; ++i) {
     CLEAVE_RETURN_IF_ERROR(model->forward({&next, 1}, o.prompt_tokens + i, table, *kv, logits));
     next = argmax(logits);
@@ -156,7 +163,8 @@ cleave::Status run(const Options& o, Figures& f) {
   fmt::print("kernels / threads:     {} / {}\n", cleave::cpu::kernel_isa(), model->pool().size());
   fmt::print("kv dtype:              {}\n", cleave::dtype_name(o.kv_dtype));
   fmt::print("load:                  {:.3f} s\n", f.load_s);
-  fmt::print("prefill:               {:.1f} tok/s ({} tokens)\n", f.prefill_tok_s, o.prompt_tokens);
+  fmt::print("prefill:               {:.1f} tok/s ({} tokens, mean of {} runs)\n", f.prefill_tok_s,
+             o.prompt_tokens, o.repeat);
   fmt::print("decode:                {:.1f} tok/s ({} tokens)\n", f.decode_tok_s, o.gen_tokens);
   fmt::print("weight bytes / token:  {} ({:.1f} MiB)\n", f.weight_bytes_per_token,
              static_cast<double>(f.weight_bytes_per_token) / (1 << 20));
