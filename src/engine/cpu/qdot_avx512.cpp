@@ -35,8 +35,16 @@ namespace {
 
 struct VnniDot {
   static constexpr int kRows = 4, kTokens = 4;  // 16 accumulators of 32 ymm registers
+  static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);
+  }
+  static inline __m256i dot_acc(__m256i c, __m256i a_u8, __m256i b_s8) {
+    return _mm256_dpbusd_epi32(c, a_u8, b_s8);
+  }
+  // A mask register selects the bytes (AVX512BW/VL): two instructions for the AVX2 set's five.
+  static inline __m256i bit_bytes(uint32_t bits, int v) {
+    return _mm256_maskz_mov_epi8(static_cast<__mmask32>(bits), simd::mask8(v));
   }
 };
 

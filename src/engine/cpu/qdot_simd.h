@@ -5,9 +5,15 @@
 //
 // Per format, a traits struct describes a "unit" of blocks that share their scale storage (one
 // 32-element block for the legacy formats, a 256-element super-block of eight for the K-quants):
-//   scales(unit, Scales&)  each block's multipliers: dsc = d * sc (d for kSub16 formats, whose
-//                          16 int16 sub-scales go to sc16 in element order), m and mn
+//   scales(unit, Scales&, r)  (K-quants) each block's multipliers for row r of a tile: dsc = d *
+//                          sc (d for kSub16 formats, whose 16 int16 sub-scales go to sc16[r] in
+//                          element order), m and mn
 //   levels(unit, jb)       the 32 int8 levels of block jb, in element order
+// The legacy formats also give their levels as unsigned bytes, ulevels<Dot>(unit) = levels +
+// kOffset (kOffset = 0 for the formats that are unsigned already), for tile_legacy's offset form.
+// `Dot` supplies dot(a_u8, b_s8) (the eight int32 lane sums), bit_bytes(bits, v) (byte j = v
+// where bit j of bits is set, else 0) and kFusedAcc; where that is true, also dot_acc(c, a_u8,
+// b_s8) = c + dot in one instruction, exact for any unsigned a.
 #pragma once
 
 #include <immintrin.h>
@@ -23,6 +29,11 @@ namespace {
 inline uint16_t load_u16(const std::byte* p) {
   uint16_t v;
   std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t load_u32(const std::byte* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
   return v;
 }
 inline float f16(const std::byte* p) { return _cvtsh_ss(load_u16(p)); }
@@ -50,32 +61,32 @@ inline __m256i nibbles32(const std::byte* qs) {
   return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), mask8(0x0F));
 }
 
+// A K-quant unit's multipliers for the (up to four) rows of a tile, each block's values of
+// every row side by side, so that one vector operation scales all rows for a token.
 struct Scales {
-  float dsc[8];
-  float m[8];
-  int mn[8][2];   // kSub16 formats with a min (Q2_K)
-  float mnf[8];   // the others: float(mn), the same for both halves
-  __m256i sc16;  // kSub16 formats: sub-scale i (of elements [16 i, 16 i + 16)) in int16 lane i
+  alignas(16) float dsc[8][4];
+  alignas(16) float m[8][4];
+  alignas(16) float mnf[8][4];  // float(mn), the same for both halves (not Q2_K)
+  int mn[8][4][2];              // Q2_K: the mins of both halves
+  __m256i sc16[4];  // kSub16 formats: sub-scale i (of elements [16 i, 16 i + 16)) in int16 lane i
 };
 
 // --- legacy formats: one block a unit, no sub-scales -------------------------------------------
 
 struct Q4_0 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_0);
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_0), kOffset = 8;
   static constexpr bool kSigned = true, kMin = false, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) { s.dsc[0] = f16(u); }
+  template <class Dot>
+  static inline __m256i ulevels(const std::byte* u) { return nibbles32(u + 2); }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_sub_epi8(nibbles32(u + 2), mask8(8));
   }
 };
 struct Q4_1 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_1);
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_1), kOffset = 0;
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) {
-    s.dsc[0] = f16(u);
-    s.m[0] = f16(u + 2);
-    s.mnf[0] = 1.0f;
-  }
+  template <class Dot>
+  static inline __m256i ulevels(const std::byte* u) { return nibbles32(u + 4); }
   static inline __m256i levels(const std::byte* u, int) { return nibbles32(u + 4); }
 };
 inline __m256i fifth_bits(const std::byte* qh) {
@@ -84,29 +95,34 @@ inline __m256i fifth_bits(const std::byte* qh) {
   return _mm256_and_si256(bits_to_bytes(h), mask8(0x10));
 }
 struct Q5_0 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_0);
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_0), kOffset = 16;
   static constexpr bool kSigned = true, kMin = false, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) { s.dsc[0] = f16(u); }
+  template <class Dot>
+  static inline __m256i ulevels(const std::byte* u) {
+    return _mm256_or_si256(nibbles32(u + 6), Dot::bit_bytes(load_u32(u + 2), 0x10));
+  }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_sub_epi8(_mm256_or_si256(nibbles32(u + 6), fifth_bits(u + 2)), mask8(16));
   }
 };
 struct Q5_1 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_1);
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_1), kOffset = 0;
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) {
-    s.dsc[0] = f16(u);
-    s.m[0] = f16(u + 2);
-    s.mnf[0] = 1.0f;
+  template <class Dot>
+  static inline __m256i ulevels(const std::byte* u) {
+    return _mm256_or_si256(nibbles32(u + 8), Dot::bit_bytes(load_u32(u + 4), 0x10));
   }
   static inline __m256i levels(const std::byte* u, int) {
     return _mm256_or_si256(nibbles32(u + 8), fifth_bits(u + 4));
   }
 };
 struct Q8_0 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ8_0);
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ8_0), kOffset = 128;
   static constexpr bool kSigned = true, kMin = false, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) { s.dsc[0] = f16(u); }
+  template <class Dot>
+  static inline __m256i ulevels(const std::byte* u) {
+    return _mm256_xor_si256(load256(u + 2), mask8(0x80));  // level + 128 as an unsigned byte
+  }
   static inline __m256i levels(const std::byte* u, int) { return load256(u + 2); }
 };
 
@@ -115,14 +131,14 @@ struct Q8_0 {
 struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ2_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = true;
-  static inline void scales(const std::byte* u, Scales& s) {
+  static inline void scales(const std::byte* u, Scales& s, int r) {
     const float d = f16(u + 80), dmin = -f16(u + 82);
     for (int jb = 0; jb < 8; ++jb) {
-      s.dsc[jb] = d;
-      s.m[jb] = dmin;
-      for (int h = 0; h < 2; ++h) s.mn[jb][h] = static_cast<uint8_t>(u[2 * jb + h]) >> 4;
+      s.dsc[jb][r] = d;
+      s.m[jb][r] = dmin;
+      for (int h = 0; h < 2; ++h) s.mn[jb][r][h] = static_cast<uint8_t>(u[2 * jb + h]) >> 4;
     }
-    s.sc16 = _mm256_and_si256(
+    s.sc16[r] = _mm256_and_si256(
         _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))),
         _mm256_set1_epi16(0x0F));
   }
@@ -133,7 +149,7 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ3_K);
   static constexpr bool kSigned = true, kMin = false, kSub16 = true;
-  static inline void scales(const std::byte* u, Scales& s) {
+  static inline void scales(const std::byte* u, Scales& s, int r) {
     const auto* sc = reinterpret_cast<const uint8_t*>(u + 96);
     const float d = f16(u + 108);
     alignas(32) int16_t v[16];
@@ -142,8 +158,8 @@ struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
       const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
       v[j] = static_cast<int16_t>((low | (high << 4)) - 32);
     }
-    for (int jb = 0; jb < 8; ++jb) s.dsc[jb] = d;
-    s.sc16 = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+    for (int jb = 0; jb < 8; ++jb) s.dsc[jb][r] = d;
+    s.sc16[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
   }
   static inline __m256i levels(const std::byte* u, int jb) {
     const __m256i low =
@@ -153,7 +169,7 @@ struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
   }
 };
 // Q4_K and Q5_K: d @0, dmin @2, scales[12] @4 (as ggml's get_scale_min_k4).
-inline void scales_k4(const std::byte* u, Scales& s) {
+inline void scales_k4(const std::byte* u, Scales& s, int r) {
   const auto* q = reinterpret_cast<const uint8_t*>(u + 4);
   const float d = f16(u), dmin = -f16(u + 2);
   for (int j = 0; j < 8; ++j) {
@@ -165,15 +181,15 @@ inline void scales_k4(const std::byte* u, Scales& s) {
       sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
       m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
-    s.dsc[j] = d * static_cast<float>(sc);
-    s.m[j] = dmin;
-    s.mnf[j] = static_cast<float>(m);
+    s.dsc[j][r] = d * static_cast<float>(sc);
+    s.m[j][r] = dmin;
+    s.mnf[j][r] = static_cast<float>(m);
   }
 }
 struct Q4_K {  // qs[128] @16
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) { scales_k4(u, s); }
+  static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 2)), 4 * (jb % 2)), mask8(0x0F));
   }
@@ -181,7 +197,7 @@ struct Q4_K {  // qs[128] @16
 struct Q5_K {  // qh[32] @16, qs[128] @48
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
-  static inline void scales(const std::byte* u, Scales& s) { scales_k4(u, s); }
+  static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
   static inline __m256i levels(const std::byte* u, int jb) {
     const __m256i low =
         _mm256_and_si256(srl16(load256(u + 48 + 32 * (jb / 2)), 4 * (jb % 2)), mask8(0x0F));
@@ -192,11 +208,11 @@ struct Q5_K {  // qh[32] @16, qs[128] @48
 struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ6_K);
   static constexpr bool kSigned = true, kMin = false, kSub16 = true;
-  static inline void scales(const std::byte* u, Scales& s) {
+  static inline void scales(const std::byte* u, Scales& s, int r) {
     const float d = f16(u + 208);
-    for (int jb = 0; jb < 8; ++jb) s.dsc[jb] = d;
+    for (int jb = 0; jb < 8; ++jb) s.dsc[jb][r] = d;
     // Block jb = 4 half + k uses scales 8 half + 2 k + {0, 1} = 2 jb + {0, 1}: element order.
-    s.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
+    s.sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
   }
   static inline __m256i levels(const std::byte* u, int jb) {
     const int half = jb / 4, k = jb % 4;
@@ -235,12 +251,6 @@ inline __m256i block_sub_scales(__m256i sc16, int jb) {
 // row so that enough misses stay in flight.
 constexpr int64_t kPrefetchBytes = 1024;
 
-inline uint32_t load_u32(const std::byte* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 // The legacy formats keep their f16 d at byte 0 of a block and, with a min, their f16 m at
 // byte 2: the first four bytes of R <= 4 rows' blocks convert in one instruction, lane 2 r = d
 // and lane 2 r + 1 = m of row r (two bytes of levels, unused, for the formats without a min).
@@ -258,9 +268,16 @@ inline __m256 dm_of(const std::byte* unit, uint64_t row_bytes) {
 // for all R rows together. Lane 2 r of dmx[t] is d_r * dx and lane 2 r + 1 is m_r * dx (the
 // products the reference rounds); the min sum of row r runs in lane 2 r + 1 of am[t], the same
 // fma(m * dx, X, am) block after block (mn = 1 here, so mn * X is X).
+// Where Dot accumulates for free (VNNI) the signed formats take the offset form: S_j = sum
+// (q + o) * xq - o * sum xq over the lane's four elements, the second term once per token and
+// block (dot(o, xq), exact) and the first one dot_acc on the unsigned levels (q + o <= 255), so
+// the exact lane sums come without a sign or abs per row and token. Elsewhere (AVX2, where the
+// extra add costs what the sign saves, and 255 would saturate maddubs) the sign of q moves onto
+// xq.
 template <class Dot, class W, int R, int T>
 inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                         float* y, int64_t y_stride) {
+  constexpr bool kOffsetForm = W::kSigned && Dot::kFusedAcc;
   const int64_t nb = x.n / kQK;
   __m256 as[R][T], am[T];
   for (int t = 0; t < T; ++t) {
@@ -274,22 +291,37 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
                    _MM_HINT_T0);
     }
     const __m256 dm = dm_of<R>(unit, row_bytes);
-    __m256i xv[T];
-    __m256 dmx[T];
+    __m256i xv[T], corr[T];
+    // Through memory: the multiply-adds below broadcast their scale with a load, which keeps
+    // registers for the accumulators and the vector ports for the dot products.
+    alignas(32) float dmx[T][8];
     for (int t = 0; t < T; ++t) {
       xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
-      dmx[t] = _mm256_mul_ps(dm, _mm256_set1_ps(x.d[(t0 + t) * nb + b]));
+      if constexpr (kOffsetForm) {
+        corr[t] = _mm256_sub_epi32(_mm256_setzero_si256(), Dot::dot(mask8(W::kOffset), xv[t]));
+      }
+      const __m256 dmxt = _mm256_mul_ps(dm, _mm256_set1_ps(x.d[(t0 + t) * nb + b]));
+      _mm256_store_ps(dmx[t], dmxt);
       if constexpr (W::kMin) {
-        am[t] = _mm256_fmadd_ps(dmx[t], _mm256_set1_ps(x.sum32[(t0 + t) * nb + b]), am[t]);
+        am[t] = _mm256_fmadd_ps(dmxt, _mm256_set1_ps(x.sum32[(t0 + t) * nb + b]), am[t]);
       }
     }
     for (int r = 0; r < R; ++r) {
-      const __m256i qv = W::levels(unit + r * row_bytes, 0);
-      const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
+      __m256i s[T];
+      if constexpr (kOffsetForm || !W::kSigned) {
+        const __m256i qu = W::template ulevels<Dot>(unit + r * row_bytes);
+        for (int t = 0; t < T; ++t) {
+          if constexpr (kOffsetForm) s[t] = Dot::dot_acc(corr[t], qu, xv[t]);
+          else s[t] = Dot::dot(qu, xv[t]);
+        }
+      } else {
+        const __m256i qv = W::levels(unit + r * row_bytes, 0);
+        const __m256i au = _mm256_abs_epi8(qv);
+        for (int t = 0; t < T; ++t) s[t] = Dot::dot(au, _mm256_sign_epi8(xv[t], qv));
+      }
       for (int t = 0; t < T; ++t) {
-        const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv[t], qv) : xv[t];
-        const __m256 scale = _mm256_permutevar8x32_ps(dmx[t], _mm256_set1_epi32(2 * r));
-        as[r][t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(Dot::dot(au, bv)), as[r][t]);
+        as[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dmx[t][2 * r]),
+                                   _mm256_cvtepi32_ps(s[t]), as[r][t]);
       }
     }
   }
@@ -303,73 +335,95 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
   }
 }
 
-// R rows x T tokens; tokens t0 .. t0 + T of x.
+// R rows x T tokens; tokens t0 .. t0 + T of x. The K-quants: per block and token, one 4-lane
+// product gives every row's d * sc * dx (and, with a min, m * dx, mn * X and the min sum, lane r
+// for row r), the reference's roundings lane by lane; the multiply-adds take their row's scale
+// with a broadcast load.
 template <class Dot, class W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                  float* y, int64_t y_stride) {
-  if constexpr (W::kBlocks == 1 && R <= 4) {
+  static_assert(R <= 4);
+  if constexpr (W::kBlocks == 1) {
     return tile_legacy<Dot, W, R, T>(w, row_bytes, x, t0, y, y_stride);
-  }
-  const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
-  __m256 as[R][T];
-  float am[R][T];
-  for (int r = 0; r < R; ++r)
+  } else {
+    constexpr bool kQ2Min = W::kMin && W::kSub16;  // Q2_K: an integer min sum per half
+    const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
+    __m256 as[R][T];
+    __m128 am[T];
+    float am2[R][T];
     for (int t = 0; t < T; ++t) {
-      as[r][t] = _mm256_setzero_ps();
-      am[r][t] = 0.0f;
-    }
-  for (int64_t u = 0; u < nu; ++u) {
-    Scales sc[R];
-    for (int r = 0; r < R; ++r) {
-      const std::byte* unit = w + r * row_bytes + u * W::kBytes;
-      _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes, _MM_HINT_T0);
-      if constexpr (W::kBytes > 64)
-        _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 64, _MM_HINT_T0);
-      if constexpr (W::kBytes > 128)
-        _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 128, _MM_HINT_T0);
-      W::scales(unit, sc[r]);
-    }
-    // Unrolled: the shifts and offsets of each block of a super-block become constants.
-#pragma GCC unroll 8
-    for (int jb = 0; jb < W::kBlocks; ++jb) {
-      const int64_t b = u * W::kBlocks + jb;
-      __m256i xv[T];
-      float dx[T], xsum[T];
-      for (int t = 0; t < T; ++t) {
-        xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
-        dx[t] = x.d[(t0 + t) * nb + b];
-        xsum[t] = x.sum32[(t0 + t) * nb + b];
-      }
+      am[t] = _mm_setzero_ps();
       for (int r = 0; r < R; ++r) {
-        const __m256i qv = W::levels(w + r * row_bytes + u * W::kBytes, jb);
-        const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
-        __m256i sc16 = _mm256_setzero_si256();
-        if constexpr (W::kSub16) sc16 = block_sub_scales(sc[r].sc16, jb);
+        as[r][t] = _mm256_setzero_ps();
+        am2[r][t] = 0.0f;
+      }
+    }
+    Scales sc{};  // lanes r >= R stay zero
+    for (int64_t u = 0; u < nu; ++u) {
+      for (int r = 0; r < R; ++r) {
+        const std::byte* unit = w + r * row_bytes + u * W::kBytes;
+        _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes, _MM_HINT_T0);
+        if constexpr (W::kBytes > 64)
+          _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 64, _MM_HINT_T0);
+        if constexpr (W::kBytes > 128)
+          _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 128, _MM_HINT_T0);
+        W::scales(unit, sc, r);
+      }
+      // Unrolled: the shifts and offsets of each block of a super-block become constants.
+#pragma GCC unroll 8
+      for (int jb = 0; jb < W::kBlocks; ++jb) {
+        const int64_t b = u * W::kBlocks + jb;
+        __m256i xv[T];
+        alignas(16) float sdx[T][4];  // d * sc * dx of each row
+        float dxs[T];
         for (int t = 0; t < T; ++t) {
-          const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv[t], qv) : xv[t];
-          __m256i s;
-          if constexpr (W::kSub16) {
-            s = _mm256_madd_epi16(_mm256_maddubs_epi16(au, bv), sc16);
-          } else {
-            s = Dot::dot(au, bv);
-          }
-          as[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(sc[r].dsc[jb] * dx[t]), _mm256_cvtepi32_ps(s),
-                                     as[r][t]);
-          if constexpr (W::kMin && W::kSub16) {
-            const int16_t* xs = x.sum16 + (t0 + t) * (x.n / 16) + 2 * b;
-            const int u32 = sc[r].mn[jb][0] * xs[0] + sc[r].mn[jb][1] * xs[1];
-            am[r][t] = fma_int(sc[r].m[jb] * dx[t], u32, am[r][t]);
-          } else if constexpr (W::kMin) {
+          xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
+          dxs[t] = x.d[(t0 + t) * nb + b];
+          const __m128 dx = _mm_set1_ps(dxs[t]);
+          if constexpr (!W::kSub16) _mm_store_ps(sdx[t], _mm_mul_ps(_mm_load_ps(sc.dsc[jb]), dx));
+          if constexpr (W::kMin && !kQ2Min) {
             // mn * X as f32: both are integers below 2^24, so the product is exact and equals
             // float(mn0 * X0 + mn1 * X1) of the reference (mn0 = mn1 here).
-            am[r][t] = __builtin_fmaf(sc[r].m[jb] * dx[t], sc[r].mnf[jb] * xsum[t], am[r][t]);
+            const __m128 mnx =
+                _mm_mul_ps(_mm_load_ps(sc.mnf[jb]), _mm_set1_ps(x.sum32[(t0 + t) * nb + b]));
+            am[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_load_ps(sc.m[jb]), dx), mnx, am[t]);
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          const __m256i qv = W::levels(w + r * row_bytes + u * W::kBytes, jb);
+          const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
+          __m256i sc16 = _mm256_setzero_si256();
+          if constexpr (W::kSub16) sc16 = block_sub_scales(sc.sc16[r], jb);
+          for (int t = 0; t < T; ++t) {
+            const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv[t], qv) : xv[t];
+            __m256i s;
+            if constexpr (W::kSub16) {
+              s = _mm256_madd_epi16(_mm256_maddubs_epi16(au, bv), sc16);
+            } else {
+              s = Dot::dot(au, bv);
+            }
+            // (The sub-16 formats measured faster with the product made here.)
+            const __m256 scale = W::kSub16 ? _mm256_set1_ps(sc.dsc[jb][r] * dxs[t])
+                                           : _mm256_broadcast_ss(&sdx[t][r]);
+            as[r][t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s), as[r][t]);
+            if constexpr (kQ2Min) {
+              const int16_t* xs = x.sum16 + (t0 + t) * (x.n / 16) + 2 * b;
+              const int u32 = sc.mn[jb][r][0] * xs[0] + sc.mn[jb][r][1] * xs[1];
+              am2[r][t] = fma_int(sc.m[jb][r] * dxs[t], u32, am2[r][t]);
+            }
           }
         }
       }
     }
+    for (int t = 0; t < T; ++t) {
+      alignas(16) float mins[4];
+      _mm_store_ps(mins, am[t]);
+      for (int r = 0; r < R; ++r) {
+        const float min_sum = kQ2Min ? am2[r][t] : W::kMin ? mins[r] : 0.0f;
+        y[t * y_stride + r] = hsum(as[r][t]) + min_sum;
+      }
+    }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * y_stride + r] = hsum(as[r][t]) + am[r][t];
 }
 
 // Decode (one token) streams rows four at a time. Several tokens: tiles of Dot::kRows rows x
