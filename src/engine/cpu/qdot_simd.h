@@ -129,7 +129,7 @@ struct Q8_0 {
 // --- K-quants: a 256-element super-block a unit -------------------------------------------------
 
 struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ2_K);
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ2_K), kOffset = 0;
   static constexpr bool kSigned = false, kMin = true, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s, int r) {
     const float d = f16(u + 80), dmin = -f16(u + 82);
@@ -145,9 +145,10 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 4)), 2 * (jb % 4)), mask8(3));
   }
+  static inline __m256i ulevels(const std::byte* u, int jb) { return levels(u, jb); }
 };
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ3_K);
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ3_K), kOffset = 4;
   static constexpr bool kSigned = true, kMin = false, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s, int r) {
     const auto* sc = reinterpret_cast<const uint8_t*>(u + 96);
@@ -161,11 +162,14 @@ struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
     for (int jb = 0; jb < 8; ++jb) s.dsc[jb][r] = d;
     s.sc16[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
   }
-  static inline __m256i levels(const std::byte* u, int jb) {
+  static inline __m256i ulevels(const std::byte* u, int jb) {
     const __m256i low =
         _mm256_and_si256(srl16(load256(u + 32 + 32 * (jb / 4)), 2 * (jb % 4)), mask8(3));
     const __m256i high = _mm256_and_si256(srl16(load256(u), jb), mask8(1));
-    return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), mask8(4));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+  }
+  static inline __m256i levels(const std::byte* u, int jb) {
+    return _mm256_sub_epi8(ulevels(u, jb), mask8(kOffset));
   }
 };
 // Q4_K and Q5_K: d @0, dmin @2, scales[12] @4 (as ggml's get_scale_min_k4).
@@ -187,7 +191,7 @@ inline void scales_k4(const std::byte* u, Scales& s, int r) {
   }
 }
 struct Q4_K {  // qs[128] @16
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K);
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K), kOffset = 0;
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
   static inline __m256i levels(const std::byte* u, int jb) {
@@ -195,7 +199,7 @@ struct Q4_K {  // qs[128] @16
   }
 };
 struct Q5_K {  // qh[32] @16, qs[128] @48
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K);
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K), kOffset = 0;
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
   static inline __m256i levels(const std::byte* u, int jb) {
@@ -206,7 +210,7 @@ struct Q5_K {  // qh[32] @16, qs[128] @48
   }
 };
 struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ6_K);
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ6_K), kOffset = 32;
   static constexpr bool kSigned = true, kMin = false, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s, int r) {
     const float d = f16(u + 208);
@@ -214,13 +218,16 @@ struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
     // Block jb = 4 half + k uses scales 8 half + 2 k + {0, 1} = 2 jb + {0, 1}: element order.
     s.sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
   }
-  static inline __m256i levels(const std::byte* u, int jb) {
+  static inline __m256i ulevels(const std::byte* u, int jb) {
     const int half = jb / 4, k = jb % 4;
     const __m256i low = _mm256_and_si256(
         srl16(load256(u + 64 * half + 32 * (k & 1)), 4 * (k >> 1)), mask8(0x0F));
     const __m256i high =
         _mm256_and_si256(srl16(load256(u + 128 + 32 * half), 2 * k), mask8(3));
-    return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), mask8(32));
+    return _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+  }
+  static inline __m256i levels(const std::byte* u, int jb) {
+    return _mm256_sub_epi8(ulevels(u, jb), mask8(kOffset));
   }
 };
 
@@ -347,6 +354,13 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     return tile_legacy<Dot, W, R, T>(w, row_bytes, x, t0, y, y_stride);
   } else {
     constexpr bool kQ2Min = W::kMin && W::kSub16;  // Q2_K: an integer min sum per half
+    // The sub-16 formats under VNNI: the lane sum T_j = sum q * xq comes from dpbusd on the
+    // unsigned levels (offset form, as in tile_legacy), and S_j = sc * T_j from one f32 product
+    // with the sub-scale, exact because |sc * T_j| < 2^24 for every one of these formats (Q6_K:
+    // 128 * 4 * 32 * 127 < 2^22): four operations per (row, token) for the AVX2 form's five
+    // (sign, maddubs, madd with sc16, convert, fma).
+    // (Q2_K, unsigned with a min, measured faster in the AVX2 form.)
+    constexpr bool kFloatSub = W::kSub16 && W::kSigned && Dot::kFusedAcc;
     const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
     __m256 as[R][T];
     __m128 am[T];
@@ -359,6 +373,7 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
       }
     }
     Scales sc{};  // lanes r >= R stay zero
+    alignas(32) float scf[R][16];  // kFloatSub: each row's 16 sub-scales as f32
     for (int64_t u = 0; u < nu; ++u) {
       for (int r = 0; r < R; ++r) {
         const std::byte* unit = w + r * row_bytes + u * W::kBytes;
@@ -368,19 +383,29 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
         if constexpr (W::kBytes > 128)
           _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 128, _MM_HINT_T0);
         W::scales(unit, sc, r);
+        if constexpr (kFloatSub) {
+          const __m256i v = sc.sc16[r];
+          _mm256_store_ps(scf[r], _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v))));
+          _mm256_store_ps(scf[r] + 8,
+                          _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(v, 1))));
+        }
       }
       // Unrolled: the shifts and offsets of each block of a super-block become constants.
 #pragma GCC unroll 8
       for (int jb = 0; jb < W::kBlocks; ++jb) {
         const int64_t b = u * W::kBlocks + jb;
-        __m256i xv[T];
+        __m256i xv[T], corr[T];
         alignas(16) float sdx[T][4];  // d * sc * dx of each row
         float dxs[T];
         for (int t = 0; t < T; ++t) {
           xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
+          if constexpr (kFloatSub) {
+            corr[t] = _mm256_sub_epi32(_mm256_setzero_si256(), Dot::dot(mask8(W::kOffset), xv[t]));
+          }
           dxs[t] = x.d[(t0 + t) * nb + b];
           const __m128 dx = _mm_set1_ps(dxs[t]);
-          if constexpr (!W::kSub16) _mm_store_ps(sdx[t], _mm_mul_ps(_mm_load_ps(sc.dsc[jb]), dx));
+          if constexpr (!W::kSub16 || kFloatSub)
+            _mm_store_ps(sdx[t], _mm_mul_ps(_mm_load_ps(sc.dsc[jb]), dx));
           if constexpr (W::kMin && !kQ2Min) {
             // mn * X as f32: both are integers below 2^24, so the product is exact and equals
             // float(mn0 * X0 + mn1 * X1) of the reference (mn0 = mn1 here).
@@ -388,6 +413,21 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
                 _mm_mul_ps(_mm_load_ps(sc.mnf[jb]), _mm_set1_ps(x.sum32[(t0 + t) * nb + b]));
             am[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_load_ps(sc.m[jb]), dx), mnx, am[t]);
           }
+        }
+        if constexpr (kFloatSub) {
+          for (int r = 0; r < R; ++r) {
+            const __m256i qu = W::ulevels(w + r * row_bytes + u * W::kBytes, jb);
+            // Lanes 0-3 take sub-scale 2 jb, lanes 4-7 sub-scale 2 jb + 1 (element order).
+            const __m256 scv = _mm256_insertf128_ps(
+                _mm256_castps128_ps256(_mm_broadcast_ss(&scf[r][2 * jb])),
+                _mm_broadcast_ss(&scf[r][2 * jb + 1]), 1);
+            for (int t = 0; t < T; ++t) {
+              const __m256i lane_sums = Dot::dot_acc(corr[t], qu, xv[t]);
+              const __m256 sj = _mm256_mul_ps(_mm256_cvtepi32_ps(lane_sums), scv);
+              as[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sdx[t][r]), sj, as[r][t]);
+            }
+          }
+          continue;
         }
         for (int r = 0; r < R; ++r) {
           const __m256i qv = W::levels(w + r * row_bytes + u * W::kBytes, jb);
