@@ -2,6 +2,10 @@
 // for each weight dtype on large matrices.
 //
 //   kernel_bench [--threads N] [--rounds R] [--isa avx512|avx2|generic] [--dtypes f16,q4_k,...]
+//                [--shapes ROWSxCOLS,...] [--tokens T]
+//
+// --shapes replaces the default shapes (e.g. a model's own: 576x576,192x576,1536x576,576x1536
+// for SmolLM2-135M); --tokens sets the prefill column's batch (default 64).
 //
 // The matrices are replicated so that each pass streams far more than the last-level cache:
 // the decode figures are memory rates, comparable with the copy bandwidth (ratio matvec/copy).
@@ -12,10 +16,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cleave/engine/cpu_kernels.h"
+#include "cleave/model/dtype.h"
 #include "bench_flags.h"
 #include "copy_bandwidth.h"
 
@@ -28,15 +34,27 @@ struct Shape {
   int64_t rows, cols;
 };
 
-// `copies` independent matrices of one shape and dtype, filled with small random values.
+// `copies` independent matrices of one shape and dtype, filled with small random values: for
+// the float types, values drawn in [-0.5, 0.5) (never subnormal, which would measure the CPU's
+// microcode assists instead of the kernel); for the block formats, random 16-bit words whose
+// f16 scales are small and finite.
 std::vector<std::vector<std::byte>> make_weights(DType dtype, Shape s, int copies) {
   const uint64_t bytes = *cleave::dtype_row_bytes(dtype, s.cols) * static_cast<uint64_t>(s.rows);
   std::mt19937 rng(1);
+  std::uniform_real_distribution<float> value(-0.5f, 0.5f);
   std::vector<std::vector<std::byte>> out(static_cast<size_t>(copies));
   for (auto& buf : out) {
     buf.resize(bytes);
     auto* p = reinterpret_cast<uint16_t*>(buf.data());
-    for (uint64_t i = 0; i < bytes / 2; ++i) p[i] = static_cast<uint16_t>(rng() & 0x3bff);
+    if (dtype == DType::kF32) {
+      auto* f = reinterpret_cast<float*>(buf.data());
+      for (uint64_t i = 0; i < bytes / 4; ++i) f[i] = value(rng);
+    } else if (dtype == DType::kF16 || dtype == DType::kBF16) {
+      for (uint64_t i = 0; i < bytes / 2; ++i)
+        p[i] = dtype == DType::kF16 ? cleave::f32_to_f16(value(rng)) : cleave::f32_to_bf16(value(rng));
+    } else {
+      for (uint64_t i = 0; i < bytes / 2; ++i) p[i] = static_cast<uint16_t>(rng() & 0x3bff);
+    }
   }
   return out;
 }
@@ -49,10 +67,13 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   int threads = 0, rounds = 5;
+  int64_t tokens = 64;
   std::vector<DType> dtypes;
+  std::vector<Shape> shapes{{4096, 4096}, {2048, 8192}, {8192, 2048}, {128, 1024}};
   cleave::bench::BenchFlags f("kernel_bench",
                               "usage: kernel_bench [--threads N] [--rounds R] "
-                              "[--isa avx512|avx2|generic] [--dtypes f16,q4_k,...]",
+                              "[--isa avx512|avx2|generic] [--dtypes f16,q4_k,...] "
+                              "[--shapes ROWSxCOLS,...] [--tokens T]",
                               argc, argv);
   while (f.next()) {
     if (f.is("--dtypes")) {
@@ -63,7 +84,22 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    if (f.is("--threads")) {
+    if (f.is("--shapes")) {
+      shapes.clear();
+      for (const std::string& v : f.values()) {
+        Shape sh{};
+        char sep = 0;
+        std::istringstream in(v);
+        if (!(in >> sh.rows >> sep >> sh.cols) || sep != 'x' || sh.rows <= 0 || sh.cols <= 0 ||
+            !in.eof())
+          f.fail(fmt::format("--shapes: '{}' is not ROWSxCOLS", v));
+        shapes.push_back(sh);
+      }
+      continue;
+    }
+    if (f.is("--tokens")) {
+      tokens = f.integer(1);
+    } else if (f.is("--threads")) {
       threads = static_cast<int>(f.integer(0));
     } else if (f.is("--rounds")) {
       rounds = static_cast<int>(f.integer(1));
@@ -84,12 +120,12 @@ int main(int argc, char** argv) {
              bw.copy_bytes_per_s / 1e9, bw.read_bytes_per_s / 1e9, bw.buffer_bytes >> 20);
 
   const uint64_t stream_target = uint64_t{256} << 20;  // bytes per pass, >> LLC
-  // The last shape fits in L2: its rate is the kernel's compute limit, not memory's.
-  const Shape shapes[] = {{4096, 4096}, {2048, 8192}, {8192, 2048}, {128, 1024}};
+  // A shape that fits in L2 (the last default one) gives the kernel's compute limit, not memory's.
   if (dtypes.empty())
     for (int i = 0; i < cleave::kNumDTypes; ++i) dtypes.push_back(static_cast<DType>(i));
   fmt::print("\n{:<6} {:>11} {:>10} {:>12} {:>12} {:>10}   {:>16}\n", "dtype", "shape",
-             "matvec GB/s", "ratio/copy", "ratio/read", "us/matvec", "prefill64 GFLOP/s");
+             "matvec GB/s", "ratio/copy", "ratio/read", "us/matvec",
+             fmt::format("prefill{} GFLOP/s", tokens));
   for (DType dtype : dtypes) {
     for (Shape s : shapes) {
       const uint64_t bytes = *cleave::dtype_row_bytes(dtype, s.cols) * static_cast<uint64_t>(s.rows);
@@ -100,7 +136,6 @@ int main(int argc, char** argv) {
       std::vector<TensorView> views(static_cast<size_t>(copies));
       for (int c = 0; c < copies; ++c)
         views[c] = TensorView{"w", dtype, {s.rows, s.cols}, weights[c].data(), bytes};
-      const int64_t tokens = 64;
       std::vector<float> x(static_cast<size_t>(s.cols * tokens), 0.5f);
       std::vector<float> y(static_cast<size_t>(s.rows * tokens));
 

@@ -170,16 +170,18 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 // ---- Multi-token matmul -------------------------------------------------------------------
 //
 // For a block of kBlockRows rows: convert their first n16 = n & ~15 elements to f32 once (one
-// sequential pass over the weight bytes) into a thread-local panel, then for each K-chunk of
-// kChunk elements run micro-kernels of kMicroRows rows x kMicroTokens tokens over the panel and
-// the tokens' activations, both L1-resident. Per (row, token) the 16-lane accumulator lives in
-// a thread-local array between chunks (storing and reloading is exact) and sees the 16-element
+// sequential pass over the weight bytes) into a thread-local panel. K is cut into equal chunks
+// of at most kMaxChunk elements (one for 576 columns, two for 1536, four for 4096: fewer chunks,
+// fewer trips of the accumulators through memory); for each chunk, micro-kernels of kMicroRows
+// rows x kMicroTokens tokens run over the panel and the tokens' activations, both L1-resident
+// (10 x 1024 floats, 40 KiB, at most). Per (row, token) the 16-lane accumulator lives in a
+// thread-local array between chunks (storing and reloading is exact) and sees the 16-element
 // chunks in increasing order, as in tile(); finish() then adds the tails.
 
 constexpr int kMicroRows = 4;
 constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weight vectors + 1 activation of 32 zmm
 constexpr int64_t kBlockRows = 16;
-constexpr int64_t kChunk = 256;
+constexpr int64_t kMaxChunk = 1024;
 constexpr int64_t kTokenGroup = 64;  // bounds the accumulator array to kBlockRows x 64 x 64 B
 
 struct Scratch {
@@ -238,6 +240,9 @@ template <typename W>
 void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
                   int64_t x_stride, int64_t nt, int64_t n, float* y, int64_t y_stride) {
   const int64_t n16 = n & ~int64_t{15};
+  // K in equal chunks of at most kMaxChunk elements (multiples of 16).
+  const int64_t n_chunks = std::max<int64_t>(1, (n16 + kMaxChunk - 1) / kMaxChunk);
+  const int64_t kChunk = std::max<int64_t>(16, ((n16 + n_chunks - 1) / n_chunks + 15) / 16 * 16);
   // Padding the row stride keeps the micro-kernel's rows off the same L1 sets.
   const int64_t panel_stride = n16 + 16;
   Scratch& s = scratch();
