@@ -89,4 +89,16 @@ void add_inplace(float* y, const float* x, int64_t n);
 // y[i] += a * x[i]
 void axpy(float* y, float a, const float* x, int64_t n);
 
+// Attention's many small products, without a call per row:
+// out[t * out_stride + r] = dot(x + t * x_stride, row r) for r < n_rows, t < n_x, where row r
+// holds n elements of `dtype` (f32, f16 or bf16) at rows + r * row_bytes: each one bit for bit
+// dot_f32 of x and the row converted to f32, whatever n_rows and n_x.
+void dot_rows(DType dtype, const std::byte* rows, uint64_t row_bytes, int64_t n_rows,
+              const float* x, int64_t x_stride, int64_t n_x, int64_t n, float* out,
+              int64_t out_stride);
+// y[i] += a[r] * rows[r * stride + i] for r = 0, 1, ..., n_rows - 1 in that order: bit for bit
+// axpy(y, a[r], rows + r * stride, n) called row after row.
+void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
+               int64_t n);
+
 }  // namespace cleave::cpu

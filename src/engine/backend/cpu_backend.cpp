@@ -219,6 +219,11 @@ class CpuBackend final : public Backend {
   }
 
   // Attention of token t's heads [h0, h1); head h - h0's scores go to scores + (h - h0) * n_keys.
+  // The heads that share a KV head are taken together, a block of keys at a time: dot_rows
+  // gives their scores for every key of the block (each the fixed-order dot of one query and one
+  // key row, f16/bf16 rows converted exactly inside the kernel), axpy_rows adds the block's V
+  // rows into each head's output in key order. Each (head, key) value is the one a dot_f32 or
+  // axpy call per key gives, so the grouping never changes a bit.
   static void attend_heads(const AttentionArgs& a, int64_t t, int64_t h0, int64_t h1,
                            float* scores) {
     const TokenBatch& b = *a.batch;
@@ -227,47 +232,46 @@ class CpuBackend final : public Backend {
     const int64_t bs = a.kv.block_size;
     const int64_t group = a.n_heads / a.n_kv_heads;
     const float scale_div = std::sqrt(static_cast<float>(hd));
-    const int64_t nh = h1 - h0;
     const int64_t n_keys = b.positions[t] + 1;
     const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t]];
     const float* q = a.q + t * a.n_heads * hd;
     float* out = a.out + t * a.n_heads * hd;
-    const int64_t row_bytes = a.kv.row_bytes();
-    // f16/bf16 rows are converted to f32 (exactly) before the same fixed-order reductions as an
-    // f32 pool's; f32 rows are read in place.
+    const uint64_t row_bytes = a.kv.row_bytes();
+    const uint64_t elem = row_bytes / static_cast<uint64_t>(kv_dim);
     const bool f32 = a.kv.dtype == DType::kF32;
+    // V rows of a non-f32 pool, one block's segment at a time, converted (exactly) to f32.
     thread_local std::vector<float> converted;
-    if (!f32 && static_cast<int64_t>(converted.size()) < kv_dim)
-      converted.resize(static_cast<size_t>(kv_dim));
-    const auto key_row = [&](const std::byte* p) -> const float* {
-      if (f32) return reinterpret_cast<const float*>(p);
-      cpu::kv_load(a.kv.dtype, p, converted.data(), kv_dim);
-      return converted.data();
-    };
-    for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-      const std::byte* k = a.kv.k(a.layer, table[blk]);
-      const int64_t n = std::min(bs, n_keys - j0);
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = key_row(k + j * row_bytes);
-        for (int64_t i = 0; i < nh; ++i) {
-          const int64_t h = h0 + i;
-          scores[i * n_keys + j0 + j] =
-              cpu::dot_f32(q + h * hd, row + (h / group) * hd, hd) / scale_div;
-        }
+    if (!f32 && static_cast<int64_t>(converted.size()) < bs * hd)
+      converted.resize(static_cast<size_t>(bs * hd));
+    for (int64_t g0 = h0; g0 < h1;) {
+      const int64_t kvh = g0 / group;
+      const int64_t g1 = std::min(h1, (kvh + 1) * group);  // heads [g0, g1) read KV head kvh
+      const int64_t seg = kvh * hd;
+      float* sc = scores + (g0 - h0) * n_keys;
+      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+        const std::byte* k = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(seg) * elem;
+        cpu::dot_rows(a.kv.dtype, k, row_bytes, std::min(bs, n_keys - j0), q + g0 * hd, hd,
+                      g1 - g0, hd, sc + j0, n_keys);
       }
-    }
-    for (int64_t i = 0; i < nh; ++i) cpu::softmax(scores + i * n_keys, n_keys);
-    std::fill(out + h0 * hd, out + h1 * hd, 0.0f);
-    for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-      const std::byte* v = a.kv.k(a.layer, table[blk]) + bs * row_bytes;
-      const int64_t n = std::min(bs, n_keys - j0);
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = key_row(v + j * row_bytes);
-        for (int64_t i = 0; i < nh; ++i) {
-          const int64_t h = h0 + i;
-          cpu::axpy(out + h * hd, scores[i * n_keys + j0 + j], row + (h / group) * hd, hd);
+      for (int64_t i = 0; i < (g1 - g0) * n_keys; ++i) sc[i] /= scale_div;
+      for (int64_t h = g0; h < g1; ++h) cpu::softmax(sc + (h - g0) * n_keys, n_keys);
+      std::fill(out + g0 * hd, out + g1 * hd, 0.0f);
+      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+        const std::byte* v = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(bs) * row_bytes +
+                             static_cast<uint64_t>(seg) * elem;
+        const int64_t n = std::min(bs, n_keys - j0);
+        const float* rows = reinterpret_cast<const float*>(v);
+        int64_t stride = static_cast<int64_t>(row_bytes / sizeof(float));
+        if (!f32) {
+          for (int64_t j = 0; j < n; ++j)
+            cpu::kv_load(a.kv.dtype, v + j * row_bytes, converted.data() + j * hd, hd);
+          rows = converted.data();
+          stride = hd;
         }
+        for (int64_t h = g0; h < g1; ++h)
+          cpu::axpy_rows(out + h * hd, sc + (h - g0) * n_keys + j0, rows, stride, n, hd);
       }
+      g0 = g1;
     }
   }
 

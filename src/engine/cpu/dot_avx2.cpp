@@ -179,6 +179,40 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
   }
 }
 
+// axpy of each row in turn, y held in registers across the rows: per element the same rounded
+// product and rounded sum as the portable axpy, row after row.
+void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
+               int64_t n) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8),
+           y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const __m256 av = _mm256_set1_ps(a[r]);
+      const float* x = rows + r * stride + i;
+      y0 = _mm256_add_ps(y0, _mm256_mul_ps(av, _mm256_loadu_ps(x)));
+      y1 = _mm256_add_ps(y1, _mm256_mul_ps(av, _mm256_loadu_ps(x + 8)));
+      y2 = _mm256_add_ps(y2, _mm256_mul_ps(av, _mm256_loadu_ps(x + 16)));
+      y3 = _mm256_add_ps(y3, _mm256_mul_ps(av, _mm256_loadu_ps(x + 24)));
+    }
+    _mm256_storeu_ps(y + i, y0);
+    _mm256_storeu_ps(y + i + 8, y1);
+    _mm256_storeu_ps(y + i + 16, y2);
+    _mm256_storeu_ps(y + i + 24, y3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    __m256 y0 = _mm256_loadu_ps(y + i);
+    for (int64_t r = 0; r < n_rows; ++r)
+      y0 = _mm256_add_ps(y0, _mm256_mul_ps(_mm256_set1_ps(a[r]), _mm256_loadu_ps(rows + r * stride + i)));
+    _mm256_storeu_ps(y + i, y0);
+  }
+  for (; i < n; ++i) {
+    float v = y[i];
+    for (int64_t r = 0; r < n_rows; ++r) v += a[r] * rows[r * stride + i];
+    y[i] = v;
+  }
+}
+
 }  // namespace
 
 const KernelSet& avx2_kernels() {
@@ -188,6 +222,7 @@ const KernelSet& avx2_kernels() {
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
                              nullptr,
+                             &axpy_rows,
                              &quantize_acts_avx2,
                              &qdot_avx2};
   return set;

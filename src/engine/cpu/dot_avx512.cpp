@@ -317,6 +317,40 @@ void axpy(float* y, float a, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];  // -ffp-contract=off: a rounded product, then the sum
 }
 
+// axpy of each row in turn, y held in registers across the rows: per element the same rounded
+// product and rounded sum as axpy, row after row.
+void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
+               int64_t n) {
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16),
+           y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r]);
+      const float* x = rows + r * stride + i;
+      y0 = _mm512_add_ps(y0, _mm512_mul_ps(av, _mm512_loadu_ps(x)));
+      y1 = _mm512_add_ps(y1, _mm512_mul_ps(av, _mm512_loadu_ps(x + 16)));
+      y2 = _mm512_add_ps(y2, _mm512_mul_ps(av, _mm512_loadu_ps(x + 32)));
+      y3 = _mm512_add_ps(y3, _mm512_mul_ps(av, _mm512_loadu_ps(x + 48)));
+    }
+    _mm512_storeu_ps(y + i, y0);
+    _mm512_storeu_ps(y + i + 16, y1);
+    _mm512_storeu_ps(y + i + 32, y2);
+    _mm512_storeu_ps(y + i + 48, y3);
+  }
+  for (; i + 16 <= n; i += 16) {
+    __m512 y0 = _mm512_loadu_ps(y + i);
+    for (int64_t r = 0; r < n_rows; ++r)
+      y0 = _mm512_add_ps(y0, _mm512_mul_ps(_mm512_set1_ps(a[r]), _mm512_loadu_ps(rows + r * stride + i)));
+    _mm512_storeu_ps(y + i, y0);
+  }
+  for (; i < n; ++i) {
+    float v = y[i];
+    for (int64_t r = 0; r < n_rows; ++r) v += a[r] * rows[r * stride + i];
+    y[i] = v;
+  }
+}
+
 }  // namespace
 
 const KernelSet& avx512_kernels() {
@@ -326,6 +360,7 @@ const KernelSet& avx512_kernels() {
       {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>},
       &dot_f32,
       &axpy,
+      &axpy_rows,
       &quantize_acts_avx2,
       cpu_has_avx512_vnni() ? &qdot_avx512_vnni : &qdot_avx2};
   return set;

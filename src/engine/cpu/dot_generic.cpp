@@ -72,6 +72,7 @@ const KernelSet& generic_kernels() {
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
                              nullptr,
+                             nullptr,
                              &quantize_acts_generic,
                              &qdot_generic};
   return set;

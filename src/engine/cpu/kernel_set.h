@@ -43,6 +43,10 @@ using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
 // y[i] = y[i] + a * x[i], a rounded product then a rounded sum per element (never fused), so the
 // result equals the portable loop's.
 using AxpyFn = void (*)(float* y, float a, const float* x, int64_t n);
+// axpy of rows r = 0 .. n_rows - 1 (at rows + r * stride) in order, with a[r]: each element the
+// same rounded products and sums as n_rows calls of axpy.
+using AxpyRowsFn = void (*)(float* y, const float* a, const float* rows, int64_t stride,
+                            int64_t n_rows, int64_t n);
 
 // The integer path (every block format, see uses_int_path() in cpu_kernels.h). The
 // activation row of each token is first quantised, per 32-element block b, to
@@ -89,6 +93,7 @@ struct KernelSet {
   // Null: dot_tile[kF32] / the portable loop (ops.cpp).
   DotF32Fn dot_f32 = nullptr;
   AxpyFn axpy = nullptr;
+  AxpyRowsFn axpy_rows = nullptr;  // null: axpy row after row
   QuantizeActsFn quantize_acts = nullptr;
   QDotFn qdot = nullptr;  // every integer-path format
 };

@@ -53,4 +53,27 @@ void axpy(float* y, float a, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// Tiles of dot_tile: every (row, x) pair by the f32 path's one reduction order (kernel_set.h),
+// which dot_f32 shares; f16 and bf16 rows convert exactly inside the kernel.
+void dot_rows(DType dtype, const std::byte* rows, uint64_t row_bytes, int64_t n_rows,
+              const float* x, int64_t x_stride, int64_t n_x, int64_t n, float* out,
+              int64_t out_stride) {
+  const detail::DotTileFn tile = detail::active_kernels().dot_tile[static_cast<size_t>(dtype)];
+  for (int64_t t = 0; t < n_x; t += detail::kMaxTileTokens) {
+    const int nt = static_cast<int>(std::min<int64_t>(detail::kMaxTileTokens, n_x - t));
+    for (int64_t r = 0; r < n_rows; r += detail::kMaxTileRows) {
+      const int nr = static_cast<int>(std::min<int64_t>(detail::kMaxTileRows, n_rows - r));
+      tile(rows + static_cast<uint64_t>(r) * row_bytes, row_bytes, nr, x + t * x_stride,
+           x_stride, nt, n, out + t * out_stride + r, out_stride);
+    }
+  }
+}
+
+void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
+               int64_t n) {
+  const detail::KernelSet& set = detail::active_kernels();
+  if (set.axpy_rows != nullptr) return set.axpy_rows(y, a, rows, stride, n_rows, n);
+  for (int64_t r = 0; r < n_rows; ++r) axpy(y, a[r], rows + r * stride, n);
+}
+
 }  // namespace cleave::cpu

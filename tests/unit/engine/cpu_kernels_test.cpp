@@ -212,6 +212,41 @@ TEST_P(KernelSetTest, AxpyMatchesScalarLoopBitForBit) {
   }
 }
 
+// Attention's batched helpers: each (row, x) pair and each element exactly what one dot_f32 or
+// axpy call per row gives, for f32, f16 and bf16 rows (converted exactly), strided rows, and
+// row and x counts around the tile sizes.
+TEST_P(KernelSetTest, DotRowsAndAxpyRowsMatchOneCallPerRowBitForBit) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {1, 7, 16, 24, 64, 80, 128, 131}) {
+      const int64_t n_rows = 13, n_x = 5, row_elems = n + 9;  // rows padded: a stride > n
+      TestMatrix m = make_matrix(dtype, n_rows, row_elems, 70 + static_cast<uint32_t>(n));
+      const uint64_t row_bytes = m.bytes.size() / n_rows;
+      std::vector<float> x = random_vector(n_x * (n + 3), 71);
+      std::vector<float> out(static_cast<size_t>(n_x * n_rows), -1.0f);
+      dot_rows(dtype, m.view.data, row_bytes, n_rows, x.data(), n + 3, n_x, n, out.data(), n_rows);
+      for (int64_t t = 0; t < n_x; ++t) {
+        for (int64_t r = 0; r < n_rows; ++r) {
+          const float* row = m.values.data() + r * row_elems;  // the rows' exact f32 values
+          ASSERT_EQ(bits(out[t * n_rows + r]), bits(dot_f32(x.data() + t * (n + 3), row, n)))
+              << dtype_name(dtype) << " n=" << n << " row=" << r << " x=" << t;
+        }
+      }
+    }
+  }
+  for (int64_t n : {1, 8, 15, 16, 33, 64, 100, 129}) {
+    for (int64_t n_rows : {0, 1, 3, 16}) {
+      const int64_t stride = n + 5;
+      std::vector<float> rows = random_vector(n_rows * stride, 81);
+      std::vector<float> a = random_vector(n_rows, 82);
+      std::vector<float> y = random_vector(n, 83), expected = y;
+      for (int64_t r = 0; r < n_rows; ++r) axpy(expected.data(), a[r], rows.data() + r * stride, n);
+      axpy_rows(y.data(), a.data(), rows.data(), stride, n_rows, n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(bits(y[i]), bits(expected[i])) << "n=" << n << " rows=" << n_rows << " " << i;
+    }
+  }
+}
+
 TEST_P(KernelSetTest, RmsnormMatchesReferenceAndMayAlias) {
   const int64_t n = 77;
   std::vector<float> x = random_vector(n, 21), w = random_vector(n, 22), out(n);
