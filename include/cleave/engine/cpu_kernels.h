@@ -80,9 +80,12 @@ void tensor_to_f32(const TensorView& w, float* out);
 float dot_f32(const float* a, const float* b, int64_t n);
 // out = x / rms(x) * w; x and out may alias.
 void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out);
-// In-place numerically stable softmax.
+// out[i] = exp(x[i]) by the engine's own fixed sequence of operations (kernel_set.h), the same
+// bits on every kernel set, about 1 ulp from the true value; x and out may alias.
+void exp_f32(const float* x, float* out, int64_t n);
+// In-place numerically stable softmax (exp as above).
 void softmax(float* x, int64_t n);
-// out[i] = silu(gate[i]) * up[i]
+// out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i]; out may alias gate.
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // y[i] += x[i]
 void add_inplace(float* y, const float* x, int64_t n);

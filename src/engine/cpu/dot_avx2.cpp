@@ -213,6 +213,27 @@ void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int6
   }
 }
 
+// exp_ref (kernel_set.h) on 8 lanes: the same IEEE operations in the same order. max_ps
+// returns its second operand when x is NaN, as exp_ref's comparison does.
+void exp8s(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(kExpLo));
+    v = _mm256_min_ps(v, _mm256_set1_ps(kExpHi));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(kLog2e)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kExpC1), v);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kExpC2), r);
+    __m256 p = _mm256_set1_ps(kExpP[0]);
+    for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[j]));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
+  for (; i < n; ++i) out[i] = exp_ref(x[i]);
+}
+
 }  // namespace
 
 const KernelSet& avx2_kernels() {
@@ -224,7 +245,8 @@ const KernelSet& avx2_kernels() {
                              nullptr,
                              &axpy_rows,
                              &quantize_acts_avx2,
-                             &qdot_avx2};
+                             &qdot_avx2,
+                             &exp8s};
   return set;
 }
 

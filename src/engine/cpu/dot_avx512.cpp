@@ -351,6 +351,27 @@ void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int6
   }
 }
 
+// exp_ref (kernel_set.h) on 16 lanes: the same IEEE operations in the same order. max_ps
+// returns its second operand when x is NaN, as exp_ref's comparison does.
+void exp16s(const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_max_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(kExpLo));
+    v = _mm512_min_ps(v, _mm512_set1_ps(kExpHi));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(kLog2e)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kExpC1), v);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kExpC2), r);
+    __m512 p = _mm512_set1_ps(kExpP[0]);
+    for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP[j]));
+    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+  }
+  for (; i < n; ++i) out[i] = exp_ref(x[i]);
+}
+
 }  // namespace
 
 const KernelSet& avx512_kernels() {
@@ -362,7 +383,8 @@ const KernelSet& avx512_kernels() {
       &axpy,
       &axpy_rows,
       &quantize_acts_avx2,
-      cpu_has_avx512_vnni() ? &qdot_avx512_vnni : &qdot_avx2};
+      cpu_has_avx512_vnni() ? &qdot_avx512_vnni : &qdot_avx2,
+      &exp16s};
   return set;
 }
 

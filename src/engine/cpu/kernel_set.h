@@ -15,8 +15,10 @@
 // visits the chunks in increasing order, so the order above still holds per (row, token).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "cleave/model/dtype.h"
 
@@ -85,6 +87,33 @@ using QuantizeActsFn = void (*)(const float* x, int64_t x_stride, int64_t n_toke
 using QDotFn = void (*)(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                         const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 
+// exp(x) as the engine computes it (softmax, SiLU), the same bits on every kernel set: x clamped
+// to [-87, 88] (NaN becomes -87, as max_ps(x, lo) does), n = nearbyint(x * log2(e)), r = x -
+// n ln2 in two fused steps (Cody-Waite), Cephes' degree-5 polynomial p by fused Horner steps,
+// y = fma(p, r * r, r) + 1, result y * 2^n. Every step is one IEEE operation (fma or a rounded
+// mul/add), which the SIMD sets repeat lane by lane. About 1 ulp from the true value. Internal
+// linkage: each translation unit (compiled for its own ISA) keeps its own copy.
+inline constexpr float kExpLo = -87.0f, kExpHi = 88.0f, kLog2e = 1.44269504088896341f;
+inline constexpr float kExpC1 = 0.693359375f, kExpC2 = -2.12194440e-4f;
+inline constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                   4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+static inline float exp_ref(float x) {
+  x = x > kExpLo ? x : kExpLo;
+  x = x < kExpHi ? x : kExpHi;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(-n, kExpC1, x);
+  r = std::fma(-n, kExpC2, r);
+  float p = kExpP[0];
+  for (int k = 1; k < 6; ++k) p = std::fma(p, r, kExpP[k]);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return y * scale;
+}
+// out[i] = exp_ref(x[i]); x and out may alias.
+using ExpFn = void (*)(const float* x, float* out, int64_t n);
+
 struct KernelSet {
   const char* name;
   DotTileFn dot_tile[kNumDTypes];  // indexed by DType; null for the integer-path formats
@@ -96,6 +125,7 @@ struct KernelSet {
   AxpyRowsFn axpy_rows = nullptr;  // null: axpy row after row
   QuantizeActsFn quantize_acts = nullptr;
   QDotFn qdot = nullptr;  // every integer-path format
+  ExpFn exp = nullptr;    // null: exp_ref element by element
 };
 
 // The integer path of each set: portable (qdot_generic.cpp), AVX2 (qdot_avx2.cpp, maddubs) and

@@ -23,23 +23,35 @@ void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * scale * w[i];
 }
 
+void exp_f32(const float* x, float* out, int64_t n) {
+  const detail::KernelSet& set = detail::active_kernels();
+  if (set.exp != nullptr) return set.exp(x, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = detail::exp_ref(x[i]);
+}
+
 void softmax(float* x, int64_t n) {
   if (n <= 0) return;
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  for (int64_t i = 0; i < n; ++i) x[i] -= max;
+  exp_f32(x, x, n);
   float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - max);
-    sum += x[i];
-  }
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  constexpr int64_t kChunk = 256;
+  float e[kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - i0);
+    for (int64_t i = 0; i < m; ++i) e[i] = -gate[i0 + i];
+    exp_f32(e, e, m);
+    for (int64_t i = 0; i < m; ++i) {
+      const float g = gate[i0 + i];
+      out[i0 + i] = g / (1.0f + e[i]) * up[i0 + i];
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -317,6 +318,38 @@ TEST(CpuKernelsTest, RowAndTensorToF32AreExact) {
     for (size_t i = 0; i < all.size(); ++i)
       ASSERT_EQ(bits(all[i]), bits(m.values[i])) << dtype_name(dtype) << " " << i;
   }
+}
+
+// The engine's exp: within 2 ulp of the true value over the range softmax and SiLU use, clamped
+// outside it, and the same bits on every kernel set (the SIMD lanes and the scalar tail alike).
+TEST_P(KernelSetTest, ExpIsAccurateAndTheSameOnEverySet) {
+  std::vector<float> x;
+  for (float v = -87.0f; v <= 88.0f; v += 0.0173f) x.push_back(v);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> got(x.size());
+  exp_f32(x.data(), got.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double ref = std::exp(static_cast<double>(x[i]));
+    const double ulp = std::ldexp(1.0, std::ilogb(ref) - 23);
+    ASSERT_LE(std::fabs(got[i] - ref), 2 * ulp) << "x=" << x[i];
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> edge = {0.0f, -0.0f, 1.0f, -1.0f, -87.0f, 88.0f, -100.0f, 100.0f, -inf,
+                             inf, std::numeric_limits<float>::quiet_NaN(), 1e-30f, -1e-40f};
+  for (int i = 0; i < 20; ++i) edge.push_back(static_cast<float>(i) * 0.37f - 3.0f);  // a tail
+  std::vector<float> mine(edge.size()), generic(edge.size());
+  exp_f32(edge.data(), mine.data(), static_cast<int64_t>(edge.size()));
+  const std::string previous = kernel_isa();
+  ASSERT_TRUE(set_kernel_isa("generic"));
+  exp_f32(edge.data(), generic.data(), static_cast<int64_t>(edge.size()));
+  exp_f32(x.data(), x.data(), n);  // in place, generic: the accuracy pass's bits again
+  ASSERT_TRUE(set_kernel_isa(previous));
+  for (size_t i = 0; i < edge.size(); ++i)
+    EXPECT_EQ(bits(mine[i]), bits(generic[i])) << "x=" << edge[i];
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(bits(got[i]), bits(x[i])) << i;
+  EXPECT_EQ(mine[0], 1.0f);
+  EXPECT_EQ(mine[8], generic[4]);  // -inf clamps to exp(-87)
+  EXPECT_TRUE(std::isfinite(mine[9]));
 }
 
 TEST(CpuKernelsTest, SoftmaxMatchesReference) {
