@@ -128,7 +128,13 @@ int main(int argc, char** argv) {
              fmt::format("prefill{} GFLOP/s", tokens));
   for (DType dtype : dtypes) {
     for (Shape s : shapes) {
-      const uint64_t bytes = *cleave::dtype_row_bytes(dtype, s.cols) * static_cast<uint64_t>(s.rows);
+      const auto row_bytes = cleave::dtype_row_bytes(dtype, s.cols);
+      if (!row_bytes) {
+        fmt::print("{:<6} {:>5}x{:<5} skipped: {} columns are not whole {} blocks\n",
+                   cleave::dtype_name(dtype), s.rows, s.cols, s.cols, cleave::dtype_name(dtype));
+        continue;
+      }
+      const uint64_t bytes = *row_bytes * static_cast<uint64_t>(s.rows);
       const bool in_cache = bytes <= (uint64_t{1} << 20);
       const int copies =
           in_cache ? 1 : static_cast<int>(std::max<uint64_t>(2, stream_target / bytes));

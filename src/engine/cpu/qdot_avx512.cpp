@@ -34,7 +34,7 @@ namespace cleave::cpu::detail {
 namespace {
 
 struct VnniDot {
-  static constexpr int kRows = 4, kTokens = 4;  // 16 accumulators of 32 ymm registers
+  static constexpr int kRows = 4, kTokens = 4, kTokensK = 4;  // 16 accumulators of 32 ymm
   static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);

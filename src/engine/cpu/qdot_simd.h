@@ -467,8 +467,8 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
 }
 
 // Decode (one token) streams rows four at a time. Several tokens: tiles of Dot::kRows rows x
-// Dot::kTokens tokens (as many accumulators as the register file holds), each weight block
-// unpacked once per tile; leftover rows and tokens in thinner tiles.
+// Dot::kTokens tokens (kTokensK for the K-quants; as many accumulators as the register file
+// holds), each weight block unpacked once per tile; leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
@@ -478,7 +478,7 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
     for (; r < nr; ++r) tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
     return;
   }
-  constexpr int R = Dot::kRows, T = Dot::kTokens;
+  constexpr int R = Dot::kRows, T = W::kBlocks == 1 ? Dot::kTokens : Dot::kTokensK;
   int64_t r = 0;
   for (; r + R <= nr; r += R) {
     const std::byte* wr = w + r * row_bytes;
