@@ -74,9 +74,10 @@ std::vector<float> random_vector(int64_t n, uint32_t seed) {
 }
 
 // Sizes that exercise the 16-chunk loop, the 8-chunk and the scalar tail, and the multi-token
-// kernels' K-chunking (4096: four equal chunks; 2008: two unequal ones, 1008 + 992, and a tail).
+// kernels' K-chunking (4096: four equal chunks; 2008: two unequal ones, 1008 + 992, and a tail;
+// 576: one chunk and no tail, where AVX-512 reduces 16 rows at once).
 std::vector<int64_t> test_sizes(DType dtype) {
-  return {1, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 100, 257, 2008, 4096};
+  return {1, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 100, 257, 576, 2008, 4096};
 }
 
 void expect_close(double ref, double abs_sum, float got, const std::string& what) {
