@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "vec_simd.h"
+
 namespace cleave::cpu::detail {
 namespace {
 
@@ -179,60 +181,25 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
   }
 }
 
-// axpy of each row in turn, y held in registers across the rows: per element the same rounded
-// product and rounded sum as the portable axpy, row after row.
-void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
-               int64_t n) {
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8),
-           y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const __m256 av = _mm256_set1_ps(a[r]);
-      const float* x = rows + r * stride + i;
-      y0 = _mm256_add_ps(y0, _mm256_mul_ps(av, _mm256_loadu_ps(x)));
-      y1 = _mm256_add_ps(y1, _mm256_mul_ps(av, _mm256_loadu_ps(x + 8)));
-      y2 = _mm256_add_ps(y2, _mm256_mul_ps(av, _mm256_loadu_ps(x + 16)));
-      y3 = _mm256_add_ps(y3, _mm256_mul_ps(av, _mm256_loadu_ps(x + 24)));
-    }
-    _mm256_storeu_ps(y + i, y0);
-    _mm256_storeu_ps(y + i + 8, y1);
-    _mm256_storeu_ps(y + i + 16, y2);
-    _mm256_storeu_ps(y + i + 24, y3);
+// The vector type of vec_simd.h's shared element-wise kernels.
+struct Ymm {
+  using Reg = __m256;
+  static constexpr int64_t kLanes = 8;
+  static inline Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static inline void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+  static inline Reg set1(float v) { return _mm256_set1_ps(v); }
+  static inline Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+  static inline Reg mul(Reg a, Reg b) { return _mm256_mul_ps(a, b); }
+  static inline Reg max(Reg a, Reg b) { return _mm256_max_ps(a, b); }
+  static inline Reg min(Reg a, Reg b) { return _mm256_min_ps(a, b); }
+  static inline Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static inline Reg fnma(Reg a, Reg b, Reg c) { return _mm256_fnmadd_ps(a, b, c); }
+  static inline Reg round_even(Reg v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static inline Reg pow2(Reg k) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
   }
-  for (; i + 8 <= n; i += 8) {
-    __m256 y0 = _mm256_loadu_ps(y + i);
-    for (int64_t r = 0; r < n_rows; ++r)
-      y0 = _mm256_add_ps(y0, _mm256_mul_ps(_mm256_set1_ps(a[r]), _mm256_loadu_ps(rows + r * stride + i)));
-    _mm256_storeu_ps(y + i, y0);
-  }
-  for (; i < n; ++i) {
-    float v = y[i];
-    for (int64_t r = 0; r < n_rows; ++r) v += a[r] * rows[r * stride + i];
-    y[i] = v;
-  }
-}
-
-// exp_ref (kernel_set.h) on 8 lanes: the same IEEE operations in the same order. max_ps
-// returns its second operand when x is NaN, as exp_ref's comparison does.
-void exp8s(const float* x, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_max_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(kExpLo));
-    v = _mm256_min_ps(v, _mm256_set1_ps(kExpHi));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, _mm256_set1_ps(kLog2e)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kExpC1), v);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(kExpC2), r);
-    __m256 p = _mm256_set1_ps(kExpP[0]);
-    for (int j = 1; j < 6; ++j) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[j]));
-    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-  }
-  for (; i < n; ++i) out[i] = exp_ref(x[i]);
-}
+};
 
 }  // namespace
 
@@ -243,10 +210,10 @@ const KernelSet& avx2_kernels() {
                              {nullptr, nullptr, nullptr, nullptr},
                              nullptr,
                              nullptr,
-                             &axpy_rows,
+                             &vec::axpy_rows<Ymm>,
                              &quantize_acts_avx2,
                              &qdot_avx2,
-                             &exp8s};
+                             &vec::exp<Ymm>};
   return set;
 }
 

@@ -33,6 +33,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "vec_simd.h"  // internal linkage only: compiled here for AVX-512
+
 namespace cleave::cpu::detail {
 namespace {
 
@@ -348,60 +350,25 @@ void axpy(float* y, float a, const float* x, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];  // -ffp-contract=off: a rounded product, then the sum
 }
 
-// axpy of each row in turn, y held in registers across the rows: per element the same rounded
-// product and rounded sum as axpy, row after row.
-void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
-               int64_t n) {
-  int64_t i = 0;
-  for (; i + 64 <= n; i += 64) {
-    __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16),
-           y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const __m512 av = _mm512_set1_ps(a[r]);
-      const float* x = rows + r * stride + i;
-      y0 = _mm512_add_ps(y0, _mm512_mul_ps(av, _mm512_loadu_ps(x)));
-      y1 = _mm512_add_ps(y1, _mm512_mul_ps(av, _mm512_loadu_ps(x + 16)));
-      y2 = _mm512_add_ps(y2, _mm512_mul_ps(av, _mm512_loadu_ps(x + 32)));
-      y3 = _mm512_add_ps(y3, _mm512_mul_ps(av, _mm512_loadu_ps(x + 48)));
-    }
-    _mm512_storeu_ps(y + i, y0);
-    _mm512_storeu_ps(y + i + 16, y1);
-    _mm512_storeu_ps(y + i + 32, y2);
-    _mm512_storeu_ps(y + i + 48, y3);
+// The vector type of vec_simd.h's shared element-wise kernels.
+struct Zmm {
+  using Reg = __m512;
+  static constexpr int64_t kLanes = 16;
+  static inline Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static inline void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  static inline Reg set1(float v) { return _mm512_set1_ps(v); }
+  static inline Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static inline Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }
+  static inline Reg max(Reg a, Reg b) { return _mm512_max_ps(a, b); }
+  static inline Reg min(Reg a, Reg b) { return _mm512_min_ps(a, b); }
+  static inline Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static inline Reg fnma(Reg a, Reg b, Reg c) { return _mm512_fnmadd_ps(a, b, c); }
+  static inline Reg round_even(Reg v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static inline Reg pow2(Reg k) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23));
   }
-  for (; i + 16 <= n; i += 16) {
-    __m512 y0 = _mm512_loadu_ps(y + i);
-    for (int64_t r = 0; r < n_rows; ++r)
-      y0 = _mm512_add_ps(y0, _mm512_mul_ps(_mm512_set1_ps(a[r]), _mm512_loadu_ps(rows + r * stride + i)));
-    _mm512_storeu_ps(y + i, y0);
-  }
-  for (; i < n; ++i) {
-    float v = y[i];
-    for (int64_t r = 0; r < n_rows; ++r) v += a[r] * rows[r * stride + i];
-    y[i] = v;
-  }
-}
-
-// exp_ref (kernel_set.h) on 16 lanes: the same IEEE operations in the same order. max_ps
-// returns its second operand when x is NaN, as exp_ref's comparison does.
-void exp16s(const float* x, float* out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 v = _mm512_max_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(kExpLo));
-    v = _mm512_min_ps(v, _mm512_set1_ps(kExpHi));
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(v, _mm512_set1_ps(kLog2e)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kExpC1), v);
-    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(kExpC2), r);
-    __m512 p = _mm512_set1_ps(kExpP[0]);
-    for (int j = 1; j < 6; ++j) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP[j]));
-    const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(k), _mm512_set1_epi32(127)), 23);
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
-  }
-  for (; i < n; ++i) out[i] = exp_ref(x[i]);
-}
+};
 
 }  // namespace
 
@@ -412,10 +379,10 @@ const KernelSet& avx512_kernels() {
       {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>},
       &dot_f32,
       &axpy,
-      &axpy_rows,
+      &vec::axpy_rows<Zmm>,
       &quantize_acts_avx2,
       cpu_has_avx512_vnni() ? &qdot_avx512_vnni : &qdot_avx2,
-      &exp16s};
+      &vec::exp<Zmm>};
   return set;
 }
 
