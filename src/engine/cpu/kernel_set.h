@@ -88,7 +88,8 @@ using QDotFn = void (*)(DType t, const std::byte* w, uint64_t row_bytes, int64_t
                         const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 
 // exp(x) as the engine computes it (softmax, SiLU), the same bits on every kernel set: x clamped
-// to [-87, 88] (NaN becomes -87, as max_ps(x, lo) does), n = nearbyint(x * log2(e)), r = x -
+// to [-87, 88] (a NaN stays NaN, as max_ps(lo, x) and min_ps(hi, x) return it, so corrupt
+// scores are never hidden as tiny weights), n = nearbyint(x * log2(e)), r = x -
 // n ln2 in two fused steps (Cody-Waite), Cephes' degree-5 polynomial p by fused Horner steps,
 // y = fma(p, r * r, r) + 1, result y * 2^n. Every step is one IEEE operation (fma or a rounded
 // mul/add), which the SIMD sets repeat lane by lane. About 1 ulp from the true value. Internal
@@ -98,8 +99,9 @@ inline constexpr float kExpC1 = 0.693359375f, kExpC2 = -2.12194440e-4f;
 inline constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                    4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 static inline float exp_ref(float x) {
-  x = x > kExpLo ? x : kExpLo;
-  x = x < kExpHi ? x : kExpHi;
+  if (x != x) return x;  // NaN (and no float-to-int conversion of it below)
+  x = x < kExpLo ? kExpLo : x;
+  x = x > kExpHi ? kExpHi : x;
   const float n = std::nearbyint(x * kLog2e);
   float r = std::fma(-n, kExpC1, x);
   r = std::fma(-n, kExpC2, r);

@@ -59,7 +59,8 @@ template <class V>
 void exp(const float* x, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + V::kLanes <= n; i += V::kLanes) {
-    typename V::Reg v = V::min(V::max(V::load(x + i), V::set1(kExpLo)), V::set1(kExpHi));
+    // A NaN lane is the second operand of both, so it stays NaN through every step below.
+    typename V::Reg v = V::min(V::set1(kExpHi), V::max(V::set1(kExpLo), V::load(x + i)));
     const typename V::Reg k = V::round_even(V::mul(v, V::set1(kLog2e)));
     typename V::Reg r = V::fnma(k, V::set1(kExpC1), v);
     r = V::fnma(k, V::set1(kExpC2), r);
