@@ -8,9 +8,12 @@
 //   scales(unit, Scales&, r)  (K-quants) each block's multipliers for row r of a tile: dsc = d *
 //                          sc (d for kSub16 formats, whose 16 int16 sub-scales go to sc16[r] in
 //                          element order), m and mn
-//   levels(unit, jb)       the 32 int8 levels of block jb, in element order
-// The legacy formats also give their levels as unsigned bytes, ulevels<Dot>(unit) = levels +
-// kOffset (kOffset = 0 for the formats that are unsigned already), for tile_legacy's offset form.
+//   levels(unit, jb)       the 32 levels of block jb in element order, as int8
+//   ulevels(unit, jb)      the same as unsigned bytes: level + kOffset for the signed formats
+//                          (the offset form; levels is then ulevels - kOffset)
+// Each format has the ones its kernels call: the unsigned legacy formats ulevels, the unsigned
+// K-quants levels, the signed formats both. The legacy formats' take the unit alone (one block)
+// and the Dot that unpacks their fifth bits: ulevels<Dot>(unit), levels<Dot>(unit).
 // `Dot` supplies dot(a_u8, b_s8) (the eight int32 lane sums), bit_bytes(bits, v) (byte j = v
 // where bit j of bits is set, else 0) and kFusedAcc; where that is true, also dot_acc(c, a_u8,
 // b_s8) = c + dot in one instruction, exact for any unsigned a.
@@ -78,22 +81,17 @@ struct Q4_0 {
   static constexpr bool kSigned = true, kMin = false, kSub16 = false;
   template <class Dot>
   static inline __m256i ulevels(const std::byte* u) { return nibbles32(u + 2); }
-  static inline __m256i levels(const std::byte* u, int) {
-    return _mm256_sub_epi8(nibbles32(u + 2), mask8(8));
+  template <class Dot>
+  static inline __m256i levels(const std::byte* u) {
+    return _mm256_sub_epi8(ulevels<Dot>(u), mask8(kOffset));
   }
 };
 struct Q4_1 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_1), kOffset = 0;
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ4_1);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   template <class Dot>
   static inline __m256i ulevels(const std::byte* u) { return nibbles32(u + 4); }
-  static inline __m256i levels(const std::byte* u, int) { return nibbles32(u + 4); }
 };
-inline __m256i fifth_bits(const std::byte* qh) {
-  uint32_t h;
-  std::memcpy(&h, qh, 4);
-  return _mm256_and_si256(bits_to_bytes(h), mask8(0x10));
-}
 struct Q5_0 {
   static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_0), kOffset = 16;
   static constexpr bool kSigned = true, kMin = false, kSub16 = false;
@@ -101,19 +99,17 @@ struct Q5_0 {
   static inline __m256i ulevels(const std::byte* u) {
     return _mm256_or_si256(nibbles32(u + 6), Dot::bit_bytes(load_u32(u + 2), 0x10));
   }
-  static inline __m256i levels(const std::byte* u, int) {
-    return _mm256_sub_epi8(_mm256_or_si256(nibbles32(u + 6), fifth_bits(u + 2)), mask8(16));
+  template <class Dot>
+  static inline __m256i levels(const std::byte* u) {
+    return _mm256_sub_epi8(ulevels<Dot>(u), mask8(kOffset));
   }
 };
 struct Q5_1 {
-  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_1), kOffset = 0;
+  static constexpr int kBlocks = 1, kBytes = sizeof(BlockQ5_1);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   template <class Dot>
   static inline __m256i ulevels(const std::byte* u) {
     return _mm256_or_si256(nibbles32(u + 8), Dot::bit_bytes(load_u32(u + 4), 0x10));
-  }
-  static inline __m256i levels(const std::byte* u, int) {
-    return _mm256_or_si256(nibbles32(u + 8), fifth_bits(u + 4));
   }
 };
 struct Q8_0 {
@@ -123,13 +119,14 @@ struct Q8_0 {
   static inline __m256i ulevels(const std::byte* u) {
     return _mm256_xor_si256(load256(u + 2), mask8(0x80));  // level + 128 as an unsigned byte
   }
-  static inline __m256i levels(const std::byte* u, int) { return load256(u + 2); }
+  template <class Dot>
+  static inline __m256i levels(const std::byte* u) { return load256(u + 2); }
 };
 
 // --- K-quants: a 256-element super-block a unit -------------------------------------------------
 
 struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ2_K), kOffset = 0;
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ2_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = true;
   static inline void scales(const std::byte* u, Scales& s, int r) {
     const float d = f16(u + 80), dmin = -f16(u + 82);
@@ -145,7 +142,6 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 4)), 2 * (jb % 4)), mask8(3));
   }
-  static inline __m256i ulevels(const std::byte* u, int jb) { return levels(u, jb); }
 };
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ3_K), kOffset = 4;
@@ -191,7 +187,7 @@ inline void scales_k4(const std::byte* u, Scales& s, int r) {
   }
 }
 struct Q4_K {  // qs[128] @16
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K), kOffset = 0;
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
   static inline __m256i levels(const std::byte* u, int jb) {
@@ -199,7 +195,7 @@ struct Q4_K {  // qs[128] @16
   }
 };
 struct Q5_K {  // qh[32] @16, qs[128] @48
-  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K), kOffset = 0;
+  static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
   static inline __m256i levels(const std::byte* u, int jb) {
@@ -230,6 +226,14 @@ struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
     return _mm256_sub_epi8(ulevels(u, jb), mask8(kOffset));
   }
 };
+
+// The offset form's start value: lane j = -offset * (the sum of xq's four elements 4j .. 4j + 3),
+// exact (offset <= 128, |xq| <= 127), so that dot_acc(it, level + offset, xq) is the lane sum of
+// level * xq.
+template <class Dot>
+inline __m256i neg_offset_sums(int offset, __m256i xq) {
+  return _mm256_sub_epi32(_mm256_setzero_si256(), Dot::dot(mask8(offset), xq));
+}
 
 // The fixed horizontal sum: 8 -> 4 -> 2 -> 1 lanes.
 inline float hsum(__m256 v) {
@@ -305,7 +309,7 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
     for (int t = 0; t < T; ++t) {
       xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
       if constexpr (kOffsetForm) {
-        corr[t] = _mm256_sub_epi32(_mm256_setzero_si256(), Dot::dot(mask8(W::kOffset), xv[t]));
+        corr[t] = neg_offset_sums<Dot>(W::kOffset, xv[t]);
       }
       const __m256 dmxt = _mm256_mul_ps(dm, _mm256_set1_ps(x.d[(t0 + t) * nb + b]));
       _mm256_store_ps(dmx[t], dmxt);
@@ -322,7 +326,7 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
           else s[t] = Dot::dot(qu, xv[t]);
         }
       } else {
-        const __m256i qv = W::levels(unit + r * row_bytes, 0);
+        const __m256i qv = W::template levels<Dot>(unit + r * row_bytes);
         const __m256i au = _mm256_abs_epi8(qv);
         for (int t = 0; t < T; ++t) s[t] = Dot::dot(au, _mm256_sign_epi8(xv[t], qv));
       }
@@ -400,7 +404,7 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
         for (int t = 0; t < T; ++t) {
           xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
           if constexpr (kFloatSub) {
-            corr[t] = _mm256_sub_epi32(_mm256_setzero_si256(), Dot::dot(mask8(W::kOffset), xv[t]));
+            corr[t] = neg_offset_sums<Dot>(W::kOffset, xv[t]);
           }
           dxs[t] = x.d[(t0 + t) * nb + b];
           const __m128 dx = _mm_set1_ps(dxs[t]);
