@@ -167,6 +167,11 @@ Result<uint64_t> TransferEngine::connect(std::string_view peer_address) {
   return peer->id;
 }
 
+bool TransferEngine::reachable(uint64_t peer) const {
+  auto p = impl_->find_peer(peer);
+  return p.ok() && !(*p)->unreachable.load();
+}
+
 Result<TransferHandle> TransferEngine::submit(const Batch& batch) {
   Impl& im = *impl_;
   CLEAVE_ASSIGN_OR_RETURN(auto peer, im.find_peer(batch.peer));

@@ -139,6 +139,10 @@ class TransferEngine {
   // returns the peer id to use in batches. Connecting twice to one engine returns the same id
   // and clears an earlier "unreachable" mark.
   Result<uint64_t> connect(std::string_view peer_address);
+  // False when `peer` (a connect() id) is marked unreachable: a transfer to it failed (or was
+  // refused) since its last connect(), so submit() refuses new batches until it is connected
+  // again. A caller that has fresh word of the peer (a granted reservation) reconnects then.
+  bool reachable(uint64_t peer) const;
 
   // Validates every write (regions, ranges, overflow, key owner) before posting anything:
   // a bad batch returns an error and nothing is sent. Then coalesces adjacent writes, slices

@@ -13,18 +13,18 @@ namespace cleave::worker_service {
 Result<uint64_t> WorkerCore::peer_for(const std::string& address) {
   {
     std::lock_guard<std::mutex> lock(peers_mu_);
-    if (auto it = peers_.find(address); it != peers_.end()) return it->second;
+    auto it = peers_.find(address);
+    // A peer marked unreachable is connected again: the caller holds a reservation the peer
+    // granted just now, so it is alive. The mark outlives the transfer that set it, whichever
+    // way that transfer's Prefill ended (a failed write, or an Abort, its deadline or a client
+    // gone while a write was refused at its key's revocation).
+    if (it != peers_.end() && transfer->reachable(it->second)) return it->second;
   }
   // connect() is idempotent per peer engine, so two racing first requests get one id.
   CLEAVE_ASSIGN_OR_RETURN(uint64_t peer, transfer->connect(address));
   std::lock_guard<std::mutex> lock(peers_mu_);
   peers_[address] = peer;
   return peer;
-}
-
-void WorkerCore::forget_peer(const std::string& address) {
-  std::lock_guard<std::mutex> lock(peers_mu_);
-  peers_.erase(address);
 }
 
 void WorkerCore::mark_aborted(RequestId id) {

@@ -256,9 +256,6 @@ class PrefillCall final : public grpc::ServerUnaryReactor,
   }
 
   Status transfer_failed(std::string_view why) {
-    // The next transfer to this destination connects afresh: a write refused at the lease's
-    // end (its key revoked) can leave the peer marked unreachable here too.
-    core_.forget_peer(address_);
     core_.metrics.kv_handoffs_failed->inc();
     if (kv_ && kv_->lease_ended()) {
       // The decode worker is fine: this worker got to the prompt too late (a long queue).

@@ -75,10 +75,10 @@ struct WorkerCore {
   // UNAVAILABLE naming the worker when it is draining, else OK.
   Status refuse_if_draining(std::string_view rpc) const;
 
-  // Prefill: peer ids by transfer address. An entry is dropped after a failed transfer so that
-  // the next request connects again (clearing the engine's "unreachable" mark).
+  // Prefill: peer ids by transfer address. The peer is connected again (clearing the engine's
+  // "unreachable" mark) when the engine has it marked unreachable, however the request that
+  // met the failure ended: a failed write, an Abort, a deadline or a client gone.
   Result<uint64_t> peer_for(const std::string& address);
-  void forget_peer(const std::string& address);
 
   // Prefill: the KV senders of the Prefill calls in flight, by request id, for RenewLease.
   void add_sender(RequestId id, std::weak_ptr<KvSender> sender);

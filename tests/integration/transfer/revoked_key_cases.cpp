@@ -52,12 +52,15 @@ class RevokedKeyTest : public ::testing::TestWithParam<std::string> {
     return h->wait(20s);
   }
 
-  // The refused write broke the connection (tcp: the target drops it) or marked the peer
-  // unreachable (shm: no completion); a new request connects again, as the worker does.
+  // The refused write broke the connection (tcp: the target drops it) or timed out (shm: no
+  // completion); either way the peer is marked unreachable, and a new request connects again,
+  // as the prefill worker does (WorkerCore::peer_for).
   void reconnect() {
+    EXPECT_FALSE(initiator_->reachable(peer_)) << "a refused write left the peer reachable";
     auto peer = initiator_->connect(target_->address());
     ASSERT_TRUE(peer.ok()) << peer.status().to_string();
     peer_ = *peer;
+    EXPECT_TRUE(initiator_->reachable(peer_));
   }
 
   bool dst_is(char fill) const {
@@ -81,6 +84,7 @@ TEST_P(RevokedKeyTest, WriteWithARevokedKeyFailsAndLeavesTheTargetUnchanged) {
   Status s = write('a', first->remote);
   ASSERT_TRUE(s.ok()) << s.to_string();
   ASSERT_TRUE(dst_is('a'));
+  EXPECT_TRUE(initiator_->reachable(peer_));
 
   ASSERT_TRUE(target_->deregister(first->id).ok());
   s = write('b', first->remote);
