@@ -23,6 +23,7 @@ struct Avx2Dot {
   static constexpr int kRows = 2, kTokens = 3;  // 6 accumulators of 16 ymm registers
   static constexpr int kTokensK = 4;  // K-quants: 2 x 4 tiles (measured faster for them)
   static constexpr bool kFusedAcc = false;
+  static constexpr bool kRowPairs = false;  // no 512-bit vectors
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a_u8, b_s8), _mm256_set1_epi16(1));
   }
