@@ -34,9 +34,10 @@ namespace cleave::cpu::detail {
 namespace {
 
 struct VnniDot {
-  // Legacy formats: 2 row pairs x 6 tokens = 12 zmm accumulators (tile_legacy_pairs; 6 measured
-  // 5-10% above 4 and 8 in kernel_bench prefill). K-quants: 4 x 4 = 16 of the 32 ymm.
-  static constexpr int kRows = 4, kTokens = 6, kTokensK = 4;
+  // Row pairs (tile_*_pairs) x tokens, measured in kernel_bench prefill: the legacy formats
+  // 2 x 6 (5-10% above 4 and 8), the K-quants 2 x 8 (above 4, 6, 12 and 16: their scales are
+  // unpacked once per tile). Q2_K takes 4 x 8 256-bit tiles.
+  static constexpr int kRows = 4, kTokens = 6, kTokensK = 8;
   static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);
@@ -54,7 +55,32 @@ struct VnniDot {
   template <class W, int R, int T>
   static void tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
                                 int64_t t0, float* y, int64_t y_stride);
+  // And the K-quants but Q2_K (kQ2Min): Q4_K and Q5_K, and Q3_K and Q6_K in their float
+  // sub-scale form.
+  template <class W, int R, int T>
+  static void tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
+                                int64_t t0, float* y, int64_t y_stride);
 };
+
+// Lanes 0-7 = lane a of v, lanes 8-15 = lane b.
+inline __m512 two_lanes(__m512 v, int a, int b) {
+  return _mm512_permutexvar_ps(
+      _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(a)), _mm256_set1_epi32(b), 1), v);
+}
+// Lanes 8-15 as a 256-bit vector.
+inline __m256 high_half(__m512 v) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+// Two 256-bit level vectors as the halves of one.
+inline __m512i halves(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+// simd::neg_offset_sums on a 512-bit vector.
+inline __m512i neg_offset_sums512(int offset, __m512i xq) {
+  return _mm512_sub_epi32(
+      _mm512_setzero_si512(),
+      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(offset)), xq));
+}
 
 // simd::tile_legacy with two rows in one 512-bit vector: lanes 0-7 are row 2p's eight lanes,
 // lanes 8-15 row 2p + 1's. Each half does what tile_legacy's 256-bit vector does for its row:
@@ -75,12 +101,6 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
     am[t] = _mm256_setzero_ps();
     for (int p = 0; p < P; ++p) as[p][t] = _mm512_setzero_ps();
   }
-  // Pair p takes lane 2 (2 p) (d of row 2 p) in its low half and lane 2 (2 p + 1) in its high one.
-  __m512i pick[P];
-  for (int p = 0; p < P; ++p) {
-    pick[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32(4 * p)),
-                                 _mm256_set1_epi32(4 * p + 2), 1);
-  }
   for (int64_t b = 0; b < nb; ++b) {
     const std::byte* unit = w + b * W::kBytes;  // row 0's block b
     for (int r = 0; r < R; ++r) {
@@ -88,8 +108,9 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
                    _MM_HINT_T0);
     }
     const __m256 dm = simd::dm_of<R>(unit, row_bytes);
+    // Pair p: lane 2 (2 p) of dm (d of row 2 p) in its low half, lane 2 (2 p + 1) in its high one.
     __m512 dpair[P];
-    for (int p = 0; p < P; ++p) dpair[p] = _mm512_permutexvar_ps(pick[p], _mm512_castps256_ps512(dm));
+    for (int p = 0; p < P; ++p) dpair[p] = two_lanes(_mm512_castps256_ps512(dm), 4 * p, 4 * p + 2);
     __m512i xv[T], start[T];
     float dx[T];
     for (int t = 0; t < T; ++t) {
@@ -97,9 +118,7 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
       xv[t] = _mm512_broadcast_i64x4(simd::load256(xq));
       // The offset form's start value (simd::neg_offset_sums), in both halves.
       if constexpr (W::kSigned) {
-        const __m512i offset = _mm512_set1_epi8(static_cast<char>(W::kOffset));
-        start[t] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), offset, xv[t]));
+        start[t] = neg_offset_sums512(W::kOffset, xv[t]);
       } else {
         start[t] = _mm512_setzero_si512();
       }
@@ -110,9 +129,8 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
       }
     }
     for (int p = 0; p < P; ++p) {
-      const __m512i qu = _mm512_inserti64x4(
-          _mm512_castsi256_si512(W::template ulevels<VnniDot>(unit + 2 * p * row_bytes)),
-          W::template ulevels<VnniDot>(unit + (2 * p + 1) * row_bytes), 1);
+      const __m512i qu = halves(W::template ulevels<VnniDot>(unit + 2 * p * row_bytes),
+                                W::template ulevels<VnniDot>(unit + (2 * p + 1) * row_bytes));
       for (int t = 0; t < T; ++t) {
         const __m512i s = _mm512_dpbusd_epi32(start[t], qu, xv[t]);
         const __m512 scale = _mm512_mul_ps(dpair[p], _mm512_set1_ps(dx[t]));
@@ -126,7 +144,93 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
     for (int p = 0; p < P; ++p) {
       const float min0 = W::kMin ? mins[4 * p + 1] : 0.0f, min1 = W::kMin ? mins[4 * p + 3] : 0.0f;
       y[t * y_stride + 2 * p] = simd::hsum(_mm512_castps512_ps256(as[p][t])) + min0;
-      y[t * y_stride + 2 * p + 1] = simd::hsum(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(as[p][t]), 1))) + min1;
+      y[t * y_stride + 2 * p + 1] = simd::hsum(high_half(as[p][t])) + min1;
+    }
+  }
+}
+
+
+// simd::tile's K-quant form with row pairs, as tile_legacy_pairs does it for the legacy formats:
+// each half does its row's operations of simd::tile unchanged (dsc_r * dx as (dsc_r broadcast)
+// * dx; for Q3_K and Q6_K the f32 sub-scale product, its vector of two sub-scales per row now
+// one 512-bit permute of both rows' sub-scales), and the mins run as in simd::tile.
+template <class W, int R, int T>
+void VnniDot::tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
+                                int64_t t0, float* y, int64_t y_stride) {
+  static_assert(R % 2 == 0 && R <= 4 && !(W::kMin && W::kSub16));
+  static_assert(!W::kSub16 || W::kSigned);
+  constexpr int P = R / 2;
+  const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
+  __m512 as[P][T];
+  __m128 am[T];
+  for (int t = 0; t < T; ++t) {
+    am[t] = _mm_setzero_ps();
+    for (int p = 0; p < P; ++p) as[p][t] = _mm512_setzero_ps();
+  }
+  simd::Scales sc{};
+  alignas(64) float scf[R][16];  // kSub16: each row's 16 sub-scales as f32
+  for (int64_t u = 0; u < nu; ++u) {
+    for (int r = 0; r < R; ++r) {
+      const std::byte* unit = w + r * row_bytes + u * W::kBytes;
+      const char* pf = reinterpret_cast<const char*>(unit) + simd::kPrefetchBytes;
+      _mm_prefetch(pf, _MM_HINT_T0);
+      if constexpr (W::kBytes > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
+      if constexpr (W::kBytes > 128) _mm_prefetch(pf + 128, _MM_HINT_T0);
+      W::scales(unit, sc, r);
+      if constexpr (W::kSub16) {
+        _mm512_store_ps(scf[r], _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(sc.sc16[r])));
+      }
+    }
+#pragma GCC unroll 8
+    for (int jb = 0; jb < W::kBlocks; ++jb) {
+      const int64_t b = u * W::kBlocks + jb;
+      __m512i xv[T], start[T];
+      float dxs[T];
+      for (int t = 0; t < T; ++t) {
+        xv[t] = _mm512_broadcast_i64x4(simd::load256(x.q + (t0 + t) * x.n + b * kQK));
+        if constexpr (W::kSigned) start[t] = neg_offset_sums512(W::kOffset, xv[t]);
+        else start[t] = _mm512_setzero_si512();
+        dxs[t] = x.d[(t0 + t) * nb + b];
+        if constexpr (W::kMin) {
+          const __m128 dx = _mm_set1_ps(dxs[t]);
+          const __m128 mnx =
+              _mm_mul_ps(_mm_load_ps(sc.mnf[jb]), _mm_set1_ps(x.sum32[(t0 + t) * nb + b]));
+          am[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_load_ps(sc.m[jb]), dx), mnx, am[t]);
+        }
+      }
+      const __m512 dsc = _mm512_castps128_ps512(_mm_load_ps(sc.dsc[jb]));
+      for (int p = 0; p < P; ++p) {
+        const std::byte* u0 = w + 2 * p * row_bytes + u * W::kBytes;
+        __m512i qu;
+        if constexpr (W::kSigned) qu = halves(W::ulevels(u0, jb), W::ulevels(u0 + row_bytes, jb));
+        else qu = halves(W::levels(u0, jb), W::levels(u0 + row_bytes, jb));
+        const __m512 dpair = two_lanes(dsc, 2 * p, 2 * p + 1);
+        __m512 scv;
+        if constexpr (W::kSub16) {
+          // Lanes 0-3 and 4-7: row 2 p's sub-scales 2 jb and 2 jb + 1; lanes 8-15 row 2 p + 1's.
+          const __m512i pick = _mm512_setr_epi32(
+              2 * jb, 2 * jb, 2 * jb, 2 * jb, 2 * jb + 1, 2 * jb + 1, 2 * jb + 1, 2 * jb + 1,
+              16 + 2 * jb, 16 + 2 * jb, 16 + 2 * jb, 16 + 2 * jb, 17 + 2 * jb, 17 + 2 * jb,
+              17 + 2 * jb, 17 + 2 * jb);
+          scv = _mm512_permutex2var_ps(_mm512_load_ps(scf[2 * p]), pick,
+                                       _mm512_load_ps(scf[2 * p + 1]));
+        }
+        for (int t = 0; t < T; ++t) {
+          __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start[t], qu, xv[t]));
+          if constexpr (W::kSub16) f = _mm512_mul_ps(f, scv);
+          const __m512 scale = _mm512_mul_ps(dpair, _mm512_set1_ps(dxs[t]));
+          as[p][t] = _mm512_fmadd_ps(scale, f, as[p][t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    alignas(16) float mins[4];
+    _mm_store_ps(mins, am[t]);
+    for (int p = 0; p < P; ++p) {
+      const float min0 = W::kMin ? mins[2 * p] : 0.0f, min1 = W::kMin ? mins[2 * p + 1] : 0.0f;
+      y[t * y_stride + 2 * p] = simd::hsum(_mm512_castps512_ps256(as[p][t])) + min0;
+      y[t * y_stride + 2 * p + 1] = simd::hsum(high_half(as[p][t])) + min1;
     }
   }
 }

@@ -363,6 +363,9 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     return tile_legacy<Dot, W, R, T>(w, row_bytes, x, t0, y, y_stride);
   } else {
     constexpr bool kQ2Min = W::kMin && W::kSub16;  // Q2_K: an integer min sum per half
+    if constexpr (Dot::kRowPairs && R % 2 == 0 && T > 1 && !kQ2Min) {
+      return Dot::template tile_kquant_pairs<W, R, T>(w, row_bytes, x, t0, y, y_stride);
+    }
     // The sub-16 formats under VNNI: the lane sum T_j = sum q * xq comes from dpbusd on the
     // unsigned levels (offset form, as in tile_legacy), and S_j = sc * T_j from one f32 product
     // with the sub-scale, exact because |sc * T_j| < 2^24 for every one of these formats (Q6_K:

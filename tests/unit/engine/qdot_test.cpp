@@ -168,11 +168,12 @@ TEST_P(IntPathTest, ZeroActivationsGiveZero) {
 INSTANTIATE_TEST_SUITE_P(Sets, IntPathTest, ::testing::Values("generic", "avx2", "avx512"));
 
 // The kernel sets give the same bits for every format (the reference order is exact integers and
-// the same f32 steps).
+// the same f32 steps). 19 tokens: whole multi-token tiles of every set (AVX2 3 and 4, AVX-512 6
+// and 8) and leftovers; 9 rows: whole row tiles (2 and 4) and leftovers.
 TEST(IntPathSets, AllKernelSetsAgreeBitForBit) {
   const std::string previous = kernel_isa();
   for (DType t : kIntTypes) {
-    const int64_t n = dtype_info(t).block_elems == 256 ? 768 : 416, rows = 9, tokens = 5;
+    const int64_t n = dtype_info(t).block_elems == 256 ? 768 : 416, rows = 9, tokens = 19;
     Matrix m = make_matrix(t, rows, n, 21);
     std::vector<float> x = random_vector(n * tokens, 22);
     ThreadPool pool(2);
