@@ -327,6 +327,10 @@ void DispatchCall::attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker,
     core_->pools.mark_failed(worker, error);
     if (core_->worker_failures) core_->worker_failures->inc();
   }
+  retry_without(worker, std::move(error));
+}
+
+void DispatchCall::retry_without(const std::shared_ptr<WorkerEndpoint>& worker, Status error) {
   unhold_all();
   if (cancelled()) {
     end();

@@ -162,8 +162,10 @@ class DispatchCall final : public DispatchHandle,
   // ---- attempts (dispatch_call.cpp) ----
   void begin_attempt(Assignment workers);
   // The attempt failed at `worker`: a retry before the first token, a migration after it, or
-  // the end of the request.
+  // the end of the request. UNAVAILABLE takes the worker out of its pool until a probe
+  // succeeds (WorkerPools::mark_failed); retry_without leaves the pools as they are.
   void attempt_failed(const std::shared_ptr<WorkerEndpoint>& worker, Status error);
+  void retry_without(const std::shared_ptr<WorkerEndpoint>& worker, Status error);
   // The next attempt's workers, or why there is none (the error to end with); *busy when it
   // only lacks room on a prefill worker.
   Result<Assignment> next_attempt(const Status& error, bool* busy);

@@ -168,10 +168,13 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
           if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) self->abort_on(prefill, id);
           self->release_on(decode, id);
           if (s.error_code() == grpc::StatusCode::ABORTED) {
-            // The prefill's transfer to the decode worker failed: the decode worker is the one
-            // to avoid (and mark failed); this prefill worker stays eligible for the retry.
+            // The prefill's transfer to the decode worker failed: this request retries without
+            // that decode worker, and the pair is avoided for a while. The decode worker stays
+            // in its pool: the path between the two may be what failed (a partition), and a
+            // dead decode worker fails its probe and Reserve by itself.
             Status e = rpc_error(*prefill, "Prefill", s);
-            self->attempt_failed(decode, Status(StatusCode::kUnavailable, e.message()));
+            self->core_->pools.mark_pair_failed(prefill, decode, e);
+            self->retry_without(decode, Status(StatusCode::kUnavailable, e.message()));
             return;
           }
           self->attempt_failed(prefill, rpc_error(*prefill, "Prefill", s));

@@ -115,6 +115,10 @@ void WorkerPools::forget_worker(uint64_t key) {
     if (it->first.first == key || it->first.second == key) it = pairings_.erase(it);
     else ++it;
   }
+  for (auto it = pair_backoffs_.begin(); it != pair_backoffs_.end();) {
+    if (it->first.first == key || it->first.second == key) it = pair_backoffs_.erase(it);
+    else ++it;
+  }
   for (Pool& p : pools_) p.policy->forget(key);
 }
 
@@ -187,6 +191,26 @@ void WorkerPools::mark_failed(const std::shared_ptr<WorkerEndpoint>& worker, con
   if (m != nullptr) set_ready(*m, false, why.to_string());
 }
 
+void WorkerPools::mark_pair_failed(const std::shared_ptr<WorkerEndpoint>& prefill,
+                                   const std::shared_ptr<WorkerEndpoint>& decode,
+                                   const Status& why) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  PairBackoff& b = pair_backoffs_[{prefill->key, decode->key}];
+  const bool recent = b.length.count() > 0 && now < b.until + kPairBackoffMax;
+  b.length = recent ? std::min(kPairBackoffMax, 2 * b.length) : kPairBackoffMin;
+  b.until = now + b.length;
+  log::warn("dispatch: KV transfer from prefill worker {} to decode worker {} failed; the pair is "
+            "avoided for {} ms: {}", prefill->address, decode->address, b.length.count(),
+            why.message());
+}
+
+bool WorkerPools::backing_off(uint64_t prefill, uint64_t decode,
+                              std::chrono::steady_clock::time_point now) const {
+  auto it = pair_backoffs_.find({prefill, decode});
+  return it != pair_backoffs_.end() && now < it->second.until;
+}
+
 void WorkerPools::update_pairings() {
   if (options_.mode != DispatchMode::kDisaggregated) return;
   for (const auto& [pa, p] : pool(PoolRole::kPrefill).members) {
@@ -238,28 +262,25 @@ std::vector<uint64_t> WorkerPools::block_hashes(PoolRole role,
   return hash_full_blocks(prompt, block_size, seed);
 }
 
+bool WorkerPools::allowed_in(const Member& m, std::span<const uint64_t> excluded) {
+  return m.ready && std::find(excluded.begin(), excluded.end(), m.endpoint->key) == excluded.end();
+}
+
+std::string WorkerPools::describe(PoolRole role, std::span<const uint64_t> excluded) const {
+  const Pool& p = pool(role);
+  size_t ready = 0;
+  for (const auto& [a, m] : p.members) ready += m.ready ? 1 : 0;
+  std::string s = fmt::format("no {} worker can take the request ({} known, {} ready",
+                              pool_role_name(role), p.members.size(), ready);
+  if (!excluded.empty()) s += fmt::format(", {} already tried", excluded.size());
+  return s + ")";
+}
+
 Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
                                        std::span<const uint64_t> excluded,
                                        int64_t prefill_tokens, bool* busy) {
   if (busy) *busy = false;
-  const int64_t limit = options_.prefill_queue_tokens;
-  auto has_room = [&](const Member& m) {
-    if (limit <= 0) return true;
-    const int64_t in_flight = prefill_tokens_on(m);
-    return in_flight == 0 || in_flight + prefill_tokens <= limit;
-  };
-  auto allowed = [&](const Member& m) {
-    return m.ready && std::find(excluded.begin(), excluded.end(), m.endpoint->key) == excluded.end();
-  };
-  auto describe = [&](PoolRole role) {
-    const Pool& p = pool(role);
-    size_t ready = 0;
-    for (const auto& [a, m] : p.members) ready += m.ready ? 1 : 0;
-    std::string s = fmt::format("no {} worker can take the request ({} known, {} ready",
-                                pool_role_name(role), p.members.size(), ready);
-    if (!excluded.empty()) s += fmt::format(", {} already tried", excluded.size());
-    return s + ")";
-  };
+  auto allowed = [&](const Member& m) { return allowed_in(m, excluded); };
   Assignment out;
   if (options_.mode == DispatchMode::kUnified) {
     const std::vector<uint64_t> hashes = block_hashes(PoolRole::kUnified, prompt);
@@ -272,7 +293,7 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
       cands.push_back(candidate(m));
       members.push_back(&m);
     }
-    if (cands.empty()) return Unavailable(describe(PoolRole::kUnified));
+    if (cands.empty()) return Unavailable(describe(PoolRole::kUnified, excluded));
     const size_t i = p.policy->pick(cands, hashes);
     p.policy->routed(cands[i].worker, hashes);
     out.unified = members[i]->endpoint;
@@ -282,6 +303,32 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
   const std::vector<uint64_t> prefill_hashes = block_hashes(PoolRole::kPrefill, prompt);
   const std::vector<uint64_t> decode_hashes = block_hashes(PoolRole::kDecode, prompt);
   std::lock_guard<std::mutex> lock(mu_);
+  if (!pair_backoffs_.empty()) {
+    auto first = choose_pair(prefill_hashes, decode_hashes, excluded, prefill_tokens, busy, true);
+    if (first.ok() || (busy && *busy)) return first;
+    if (busy) *busy = false;
+  }
+  return choose_pair(prefill_hashes, decode_hashes, excluded, prefill_tokens, busy, false);
+}
+
+Result<Assignment> WorkerPools::choose_pair(const std::vector<uint64_t>& prefill_hashes,
+                                            const std::vector<uint64_t>& decode_hashes,
+                                            std::span<const uint64_t> excluded,
+                                            int64_t prefill_tokens, bool* busy,
+                                            bool avoid_failed_pairs) {
+  const int64_t limit = options_.prefill_queue_tokens;
+  auto has_room = [&](const Member& m) {
+    if (limit <= 0) return true;
+    const int64_t in_flight = prefill_tokens_on(m);
+    return in_flight == 0 || in_flight + prefill_tokens <= limit;
+  };
+  auto allowed = [&](const Member& m) { return allowed_in(m, excluded); };
+  const auto now = std::chrono::steady_clock::now();
+  auto can_pair = [&](const Member& p, const Member& d) {
+    return paired(p.endpoint->key, d.endpoint->key) &&
+           !(avoid_failed_pairs && backing_off(p.endpoint->key, d.endpoint->key, now));
+  };
+  Assignment out;
   Pool& pp = pool(PoolRole::kPrefill);
   Pool& dp = pool(PoolRole::kDecode);
   std::vector<WorkerCandidate> cands;
@@ -293,7 +340,7 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
     any_decode = true;
     bool has_partner = false;
     for (const auto& [b, p] : pp.members) {
-      if (!allowed(p) || !paired(p.endpoint->key, d.endpoint->key)) continue;
+      if (!allowed(p) || !can_pair(p, d)) continue;
       if (has_room(p)) {
         has_partner = true;
         break;
@@ -305,7 +352,7 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
     members.push_back(&d);
   }
   if (cands.empty()) {
-    if (!any_decode) return Unavailable(describe(PoolRole::kDecode));
+    if (!any_decode) return Unavailable(describe(PoolRole::kDecode, excluded));
     if (partner_full) {
       if (busy) *busy = true;
       return ResourceExhausted(fmt::format(
@@ -313,16 +360,17 @@ Result<Assignment> WorkerPools::choose(std::span<const int32_t> prompt,
           "router's prefills in flight (prefill_queue_tokens)",
           limit));
     }
-    return Unavailable(describe(PoolRole::kPrefill) + " paired with a ready decode worker");
+    return Unavailable(describe(PoolRole::kPrefill, excluded) + " paired with a ready decode worker");
   }
   size_t i = dp.policy->pick(cands, decode_hashes);
   dp.policy->routed(cands[i].worker, decode_hashes);
   out.decode = members[i]->endpoint;
+  const Member* members_d = members[i];
 
   cands.clear();
   members.clear();
   for (const auto& [b, p] : pp.members) {
-    if (!allowed(p) || !paired(p.endpoint->key, out.decode->key) || !has_room(p)) continue;
+    if (!allowed(p) || !can_pair(p, *members_d) || !has_room(p)) continue;
     cands.push_back(candidate(p));
     members.push_back(&p);
   }

@@ -17,6 +17,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -97,6 +98,16 @@ class WorkerPools {
   void apply_probe(const std::shared_ptr<WorkerEndpoint>& worker, ProbeResult result);
   // An RPC failed UNAVAILABLE: out of its pool until a probe succeeds.
   void mark_failed(const std::shared_ptr<WorkerEndpoint>& worker, const Status& why);
+  // A KV transfer from `prefill` to `decode` failed (the Prefill answered ABORTED): the path
+  // between them failed, not necessarily either worker (a partition between two hosts leaves
+  // both serving others; a dead decode worker fails its probe and Reserve on its own). The
+  // pair is avoided for a back-off (kPairBackoffMin, doubling while failures follow within
+  // kPairBackoffMax of the last one's end, up to kPairBackoffMax); choose() takes it only when
+  // no other pair can serve.
+  void mark_pair_failed(const std::shared_ptr<WorkerEndpoint>& prefill,
+                        const std::shared_ptr<WorkerEndpoint>& decode, const Status& why);
+  static constexpr std::chrono::milliseconds kPairBackoffMin{1000};
+  static constexpr std::chrono::milliseconds kPairBackoffMax{30000};
 
   // Workers for one attempt of a request with `prompt`, none of them in `excluded` (keys).
   // Unavailable (saying what is missing) when the pools cannot serve it now. Disaggregated,
@@ -147,6 +158,18 @@ class WorkerPools {
   void forget_worker(uint64_t key);
   void update_pairings();
   bool paired(uint64_t prefill, uint64_t decode) const;
+  // Ready and not in `excluded` (keys of workers this request tried).
+  static bool allowed_in(const Member& m, std::span<const uint64_t> excluded);
+  // Why no worker of `role` can take a request that excludes `excluded`.
+  std::string describe(PoolRole role, std::span<const uint64_t> excluded) const;
+  // Whether the pair is in its back-off at `now` (mark_pair_failed).
+  bool backing_off(uint64_t prefill, uint64_t decode, std::chrono::steady_clock::time_point now) const;
+  // choose()'s disaggregated part; `avoid_failed_pairs`: pairs in their back-off count as not
+  // paired.
+  Result<Assignment> choose_pair(const std::vector<uint64_t>& prefill_hashes,
+                                 const std::vector<uint64_t>& decode_hashes,
+                                 std::span<const uint64_t> excluded, int64_t prefill_tokens,
+                                 bool* busy, bool avoid_failed_pairs);
   bool ready_locked() const;
   static WorkerCandidate candidate(const Member& m);
   // The block hashes prefix_aware needs for `prompt` in the pool of `role`; empty when its
@@ -159,6 +182,12 @@ class WorkerPools {
   // (prefill key, decode key) -> check_pairing's verdict (OK: accepted); computed once both
   // workers are ready.
   std::map<std::pair<uint64_t, uint64_t>, Status> pairings_;
+  // (prefill key, decode key) -> the back-off of a pair whose KV transfer failed.
+  struct PairBackoff {
+    std::chrono::steady_clock::time_point until;
+    std::chrono::milliseconds length{0};
+  };
+  std::map<std::pair<uint64_t, uint64_t>, PairBackoff> pair_backoffs_;
   // Endpoints of workers that left their pool, kept until nothing else holds them.
   std::vector<std::shared_ptr<WorkerEndpoint>> retired_;
   uint64_t next_key_ = 1;
