@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "stream_prefetch.h"
 #include "vec_simd.h"
 
 namespace cleave::cpu::detail {
@@ -80,11 +81,6 @@ struct BF16Weights : Load32ByHalves<BF16Weights> {
   }
 };
 
-// Weights are streamed from memory once per decode step. The dequantising loads keep the core's
-// out-of-order window busy, so too few cache misses stay in flight for the bandwidth; explicit
-// prefetches this far ahead of each row (measured: 1 KiB) keep the memory system saturated.
-constexpr int64_t kPrefetchBytes = 1024;
-
 // The fixed horizontal sum: 8 -> 4 -> 2 -> 1 lanes.
 inline float hsum(__m256 a0, __m256 a1) {
   const __m256 v = _mm256_add_ps(a0, a1);
@@ -102,15 +98,13 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t
     for (int t = 0; t < T; ++t) a0[r][t] = a1[r][t] = _mm256_setzero_ps();
   int64_t i = 0;
   // Two 16-element steps per iteration (a0, a1, a0, a1): the same sequence as the loop below.
-  for (; i + 32 <= n; i += 32) {
+  // The dequantising loads keep the core's out-of-order window busy, so too few cache misses
+  // stay in flight for the bandwidth without explicit prefetches (stream_prefetch.h).
+  StreamPrefetch pf(w, row_bytes, R);
+  for (; i + 32 <= n; i += 32, pf.advance(W::kBytesPer32)) {
     for (int r = 0; r < R; ++r) {
       __m256 wv[4];
-      {
-        const char* pf = reinterpret_cast<const char*>(w + r * row_bytes) +
-                         (i / 32) * W::kBytesPer32 + kPrefetchBytes;
-        _mm_prefetch(pf, _MM_HINT_T0);
-        if constexpr (W::kBytesPer32 > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
-      }
+      pf.fetch(r, W::kBytesPer32 > 64 ? 2 : 1);
       W::load32(w + r * row_bytes, i, wv);
       for (int t = 0; t < T; ++t) {
         const float* xt = x + t * x_stride + i;

@@ -33,6 +33,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "stream_prefetch.h"  // internal linkage only, as vec_simd.h
 #include "vec_simd.h"  // internal linkage only: compiled here for AVX-512
 
 namespace cleave::cpu::detail {
@@ -88,9 +89,6 @@ struct BF16Weights {
   }
 };
 
-// Decode streams each weight row once; prefetching this far ahead keeps enough misses in flight.
-constexpr int64_t kPrefetchBytes = 1024;
-
 // Finishes one (row, token) dot from its 16-lane accumulator over elements [0, i): the trailing
 // 8-chunk into a0 (lanes 0-7), the fixed horizontal sum of a0 + a1 (8 -> 4 -> 2 -> 1), then the
 // scalar tail in order. Exactly dot_avx2.cpp's epilogue.
@@ -119,13 +117,11 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
+  StreamPrefetch pf(w, row_bytes, R);
+  for (; i + 32 <= n; i += 32, pf.advance(2 * W::kBytesPer16)) {
     for (int r = 0; r < R; ++r) {
       const std::byte* row = w + r * row_bytes;
-      const char* pf = reinterpret_cast<const char*>(row) + (i / 16) * W::kBytesPer16 +
-                       kPrefetchBytes;
-      _mm_prefetch(pf, _MM_HINT_T0);
-      if constexpr (W::kBytesPer16 > 32) _mm_prefetch(pf + 64, _MM_HINT_T0);
+      pf.fetch(r, W::kBytesPer16 > 32 ? 2 : 1);
       const __m512 w0 = W::load16(row, i);
       const __m512 w1 = W::load16(row, i + 16);
       for (int t = 0; t < T; ++t) {
