@@ -10,9 +10,10 @@
 // order for each (row, token) pair: tiling only interleaves independent accumulators, which is why results
 // are bit-identical whatever the tile shape, the thread count or the batch size.
 // The AVX-512 set keeps a0 and a1 as the low and high halves of one 16-lane accumulator (the
-// same lanes, the same fused multiply-adds) and so gives the AVX2 set's bits. Its multi-token
-// matmul keeps each accumulator in memory between K-chunks (storing and reloading is exact) and
-// visits the chunks in increasing order, so the order above still holds per (row, token).
+// same lanes, the same fused multiply-adds) and so gives the AVX2 set's bits. The multi-token
+// matmuls of both keep each accumulator in memory between K-chunks (storing and reloading is
+// exact) and visit the chunks in increasing order, so the order above still holds per
+// (row, token).
 #pragma once
 
 #include <cmath>
