@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "matmul_block.h"
 #include "stream_prefetch.h"
 #include "vec_simd.h"
 
@@ -180,33 +181,14 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 
 // ---- Multi-token matmul -------------------------------------------------------------------
 //
-// A block of kBlockRows rows is converted to f32 once (one pass over its weight bytes) into a
-// thread-local panel; K goes in equal chunks of at most kMaxChunk elements. A (row, token) pair
-// needs two accumulators, a0 for the first half of each 16-element chunk and a1 for the second;
-// a micro-kernel of kMicroRows x kMicroTokens pairs makes two passes over its chunk, the first
+// matmul_block.h's blocking, with 8-lane vectors. A (row, token) pair needs two accumulators,
+// a0 for the first half of each 16-element chunk and a1 for the second; a micro-kernel of
+// 4 rows x 3 tokens makes two passes over its chunk, the first
 // half of every 16 elements into the a0s, then the second half into the a1s, so that each pass
 // holds one register per pair: 12 accumulators, 3 activation vectors and 1 weight vector of 16
 // ymm, 7 loads for 12 fused multiply-adds (one pass with both halves would fit 2 x 3 pairs, 10
 // loads for 12). Each accumulator still sees its chunks in increasing order, as in tile().
-// Between chunks and passes the accumulators rest in a thread-local array, a0 and a1 side by
-// side (storing and reloading is exact); the tails and the horizontal sum are tile()'s
-// epilogue. Per chunk, a row group's panel rows stay in L1 while the tokens pass.
-
-constexpr int kMicroRows = 4;
-constexpr int kMicroTokens = 3;
-constexpr int64_t kBlockRows = 16;
-constexpr int64_t kMaxChunk = 1024;
-constexpr int64_t kTokenGroup = 64;  // bounds the accumulator array to kBlockRows x 64 x 64 B
-
-struct Scratch {
-  std::vector<float> panel;  // [kBlockRows][stride] f32 weights
-  std::vector<float> acc;    // [kBlockRows][token group][a0 | a1]
-};
-
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
+// Between passes the accumulators rest in the driver's array, a0 and a1 side by side.
 
 // One pass: the half h of every 16-element chunk of [0, kc) into the pairs' a_h.
 template <int R, int T>
@@ -234,10 +216,8 @@ void micro(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
   micro_half<R, T>(panel, panel_stride, kc, x, x_stride, acc, acc_stride, 1);
 }
 
-using MicroFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
-
 // kMicroFns[R - 1][T - 1]
-const MicroFn kMicroFns[kMicroRows][kMicroTokens] = {
+const MicroFn kMicroFns[4][3] = {
     {&micro<1, 1>, &micro<1, 2>, &micro<1, 3>},
     {&micro<2, 1>, &micro<2, 2>, &micro<2, 3>},
     {&micro<3, 1>, &micro<3, 2>, &micro<3, 3>},
@@ -246,8 +226,8 @@ const MicroFn kMicroFns[kMicroRows][kMicroTokens] = {
 
 // tile()'s epilogue for one (row, token) pair whose accumulators cover elements [0, i).
 template <typename W>
-inline float finish(__m256 a0, __m256 a1, const std::byte* row, const float* x, int64_t i,
-                    int64_t n) {
+inline float finish_pair(__m256 a0, __m256 a1, const std::byte* row, const float* x, int64_t i,
+                         int64_t n) {
   if (i + 8 <= n) {
     a0 = _mm256_fmadd_ps(W::load8(row, i), _mm256_loadu_ps(x + i), a0);
     i += 8;
@@ -277,80 +257,29 @@ inline __m256 hsum8(const float* acc, int64_t stride) {
                        _mm256_shuffle_ps(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-template <typename W>
-void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
-                  int64_t x_stride, int64_t nt, int64_t n, float* y, int64_t y_stride) {
-  const int64_t n16 = n & ~int64_t{15};
-  const int64_t n_chunks = std::max<int64_t>(1, (n16 + kMaxChunk - 1) / kMaxChunk);
-  const int64_t kChunk = std::max<int64_t>(16, ((n16 + n_chunks - 1) / n_chunks + 15) / 16 * 16);
-  const int64_t panel_stride = n16 + 16;  // keeps the rows off the same L1 sets
-  Scratch& s = scratch();
-  if (s.panel.size() < static_cast<size_t>(kBlockRows * panel_stride))
-    s.panel.resize(static_cast<size_t>(kBlockRows * panel_stride));
-  const int64_t tg_max = std::min(nt, kTokenGroup);
-  if (s.acc.size() < static_cast<size_t>(kBlockRows * tg_max * 16))
-    s.acc.resize(static_cast<size_t>(kBlockRows * tg_max * 16));
-  float* panel = s.panel.data();
-  float* acc = s.acc.data();
-
-  for (int64_t r0 = 0; r0 < nr; r0 += kBlockRows) {
-    const int64_t rb = std::min(kBlockRows, nr - r0);
-    const std::byte* wb = w + static_cast<uint64_t>(r0) * row_bytes;
-    for (int64_t r = 0; r < rb; ++r) {
-      const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
-      float* dst = panel + r * panel_stride;
-      for (int64_t k = 0; k < n16; k += 16) {
-        __m256 w0, w1;
-        W::load16(row, k, w0, w1);
-        _mm256_storeu_ps(dst + k, w0);
-        _mm256_storeu_ps(dst + k + 8, w1);
-      }
-    }
-    // The next block's weights go to L2 while this one computes, a slice per micro-kernel row
-    // group, so that the conversion above finds them in cache.
-    const char* pf = reinterpret_cast<const char*>(wb + static_cast<uint64_t>(rb) * row_bytes);
-    const char* const pf_end =
-        pf + static_cast<uint64_t>(std::min(kBlockRows, nr - r0 - rb)) * row_bytes;
-    const int64_t steps = ((n16 + kChunk - 1) / kChunk) * ((rb + kMicroRows - 1) / kMicroRows);
-    const int64_t pf_step = ((pf_end - pf) / std::max<int64_t>(steps, 1) + 127) / 64 * 64;
-    for (int64_t t0 = 0; t0 < nt; t0 += kTokenGroup) {
-      const int64_t tb = std::min(kTokenGroup, nt - t0);
-      const float* xg = x + t0 * x_stride;
-      std::fill(acc, acc + rb * tb * 16, 0.0f);
-      for (int64_t k0 = 0; k0 < n16; k0 += kChunk) {
-        const int64_t kc = std::min(kChunk, n16 - k0);
-        for (int64_t rg = 0; rg < rb; rg += kMicroRows) {
-          for (const char* stop = std::min(pf + pf_step, pf_end); pf < stop; pf += 64)
-            _mm_prefetch(pf, _MM_HINT_T1);
-          const int64_t mr = std::min<int64_t>(kMicroRows, rb - rg);
-          for (int64_t tg = 0; tg < tb; tg += kMicroTokens) {
-            const int64_t mt = std::min<int64_t>(kMicroTokens, tb - tg);
-            kMicroFns[mr - 1][mt - 1](panel + rg * panel_stride + k0, panel_stride, kc,
-                                      xg + tg * x_stride + k0, x_stride,
-                                      acc + (rg * tb + tg) * 16, tb);
-          }
-        }
-      }
-      int64_t r_done = 0;
-      if (n16 == n) {
-        // No tails: eight rows of a token reduce together.
-        for (; r_done + 8 <= rb; r_done += 8)
-          for (int64_t t = 0; t < tb; ++t)
-            _mm256_storeu_ps(y + (t0 + t) * y_stride + r0 + r_done,
-                             hsum8(acc + (r_done * tb + t) * 16, tb * 16));
-      }
-      for (int64_t r = r_done; r < rb; ++r) {
-        const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
-        for (int64_t t = 0; t < tb; ++t) {
-          const float* a = acc + (r * tb + t) * 16;
-          y[(t0 + t) * y_stride + r0 + r] =
-              finish<W>(_mm256_loadu_ps(a), _mm256_loadu_ps(a + 8), row, xg + t * x_stride,
-                        n16, n);
-        }
-      }
+struct Avx2Block {
+  static constexpr int kMicroRows = 4;
+  static constexpr int kMicroTokens = 3;
+  static constexpr int kReduceRows = 8;
+  static MicroFn micro(int mr, int mt) { return kMicroFns[mr - 1][mt - 1]; }
+  template <typename W>
+  static void convert(const std::byte* row, float* dst, int64_t n16) {
+    for (int64_t k = 0; k < n16; k += 16) {
+      __m256 w0, w1;
+      W::load16(row, k, w0, w1);
+      _mm256_storeu_ps(dst + k, w0);
+      _mm256_storeu_ps(dst + k + 8, w1);
     }
   }
-}
+  static void reduce(const float* acc, int64_t stride, float* out) {
+    _mm256_storeu_ps(out, hsum8(acc, stride));
+  }
+  template <typename W>
+  static float finish(const float* acc, const std::byte* row, const float* x, int64_t i,
+                      int64_t n) {
+    return finish_pair<W>(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8), row, x, i, n);
+  }
+};
 
 // The vector type of vec_simd.h's shared element-wise kernels.
 struct Ymm {
@@ -378,8 +307,9 @@ const KernelSet& avx2_kernels() {
   static const KernelSet set{"avx2",
                              {&dot_tile<F32Weights>, &dot_tile<F16Weights>,
                               &dot_tile<BF16Weights>},
-                             {&matmul_block<F32Weights>, &matmul_block<F16Weights>,
-                              &matmul_block<BF16Weights>},
+                             {&matmul_block<Avx2Block, F32Weights>,
+                              &matmul_block<Avx2Block, F16Weights>,
+                              &matmul_block<Avx2Block, BF16Weights>},
                              nullptr,
                              nullptr,
                              &vec::axpy_rows<Ymm>,

@@ -33,6 +33,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "matmul_block.h"     // internal linkage only, as vec_simd.h
 #include "stream_prefetch.h"  // internal linkage only, as vec_simd.h
 #include "vec_simd.h"  // internal linkage only: compiled here for AVX-512
 
@@ -165,32 +166,7 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
   }
 }
 
-// ---- Multi-token matmul -------------------------------------------------------------------
-//
-// For a block of kBlockRows rows: convert their first n16 = n & ~15 elements to f32 once (one
-// sequential pass over the weight bytes) into a thread-local panel. K is cut into equal chunks
-// of at most kMaxChunk elements (one for 576 columns, two for 1536, four for 4096: fewer chunks,
-// fewer trips of the accumulators through memory); for each chunk, micro-kernels of kMicroRows
-// rows x kMicroTokens tokens run over the panel and the tokens' activations, both L1-resident
-// (10 x 1024 floats, 40 KiB, at most). Per (row, token) the 16-lane accumulator lives in a
-// thread-local array between chunks (storing and reloading is exact) and sees the 16-element
-// chunks in increasing order, as in tile(); finish() then adds the tails.
-
-constexpr int kMicroRows = 4;
-constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weight vectors + 1 activation of 32 zmm
-constexpr int64_t kBlockRows = 16;
-constexpr int64_t kMaxChunk = 1024;
-constexpr int64_t kTokenGroup = 64;  // bounds the accumulator array to kBlockRows x 64 x 64 B
-
-struct Scratch {
-  std::vector<float> panel;  // [kBlockRows][stride] f32 weights
-  std::vector<float> acc;    // [kBlockRows][token group][16 lanes]
-};
-
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
-}
+// ---- Multi-token matmul (matmul_block.h) ---------------------------------------------------
 
 template <int R, int T>
 inline void micro(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
@@ -232,8 +208,6 @@ inline __m512 hsum16(const __m512 a[16]) {
       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
 }
 
-using MicroFn = void (*)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t);
-
 template <int R>
 constexpr MicroFn micro_for_tokens(int t) {
   return t == 1   ? &micro<R, 1>
@@ -245,7 +219,7 @@ constexpr MicroFn micro_for_tokens(int t) {
 }
 
 // kMicroFns[R - 1][T - 1]
-const MicroFn kMicroFns[kMicroRows][kMicroTokens] = {
+const MicroFn kMicroFns[4][6] = {
     {micro_for_tokens<1>(1), micro_for_tokens<1>(2), micro_for_tokens<1>(3),
      micro_for_tokens<1>(4), micro_for_tokens<1>(5), micro_for_tokens<1>(6)},
     {micro_for_tokens<2>(1), micro_for_tokens<2>(2), micro_for_tokens<2>(3),
@@ -256,76 +230,26 @@ const MicroFn kMicroFns[kMicroRows][kMicroTokens] = {
      micro_for_tokens<4>(4), micro_for_tokens<4>(5), micro_for_tokens<4>(6)},
 };
 
-template <typename W>
-void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
-                  int64_t x_stride, int64_t nt, int64_t n, float* y, int64_t y_stride) {
-  const int64_t n16 = n & ~int64_t{15};
-  // K in equal chunks of at most kMaxChunk elements (multiples of 16).
-  const int64_t n_chunks = std::max<int64_t>(1, (n16 + kMaxChunk - 1) / kMaxChunk);
-  const int64_t kChunk = std::max<int64_t>(16, ((n16 + n_chunks - 1) / n_chunks + 15) / 16 * 16);
-  // Padding the row stride keeps the micro-kernel's rows off the same L1 sets.
-  const int64_t panel_stride = n16 + 16;
-  Scratch& s = scratch();
-  if (s.panel.size() < static_cast<size_t>(kBlockRows * panel_stride))
-    s.panel.resize(static_cast<size_t>(kBlockRows * panel_stride));
-  const int64_t tg_max = std::min(nt, kTokenGroup);
-  if (s.acc.size() < static_cast<size_t>(kBlockRows * tg_max * 16))
-    s.acc.resize(static_cast<size_t>(kBlockRows * tg_max * 16));
-  float* panel = s.panel.data();
-  float* acc = s.acc.data();
-
-  for (int64_t r0 = 0; r0 < nr; r0 += kBlockRows) {
-    const int64_t rb = std::min(kBlockRows, nr - r0);
-    const std::byte* wb = w + static_cast<uint64_t>(r0) * row_bytes;
-    // Each weight byte is read (and converted) once here for the whole batch.
-    for (int64_t r = 0; r < rb; ++r) {
-      const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
-      float* dst = panel + r * panel_stride;
-      for (int64_t k = 0; k < n16; k += 16) _mm512_storeu_ps(dst + k, W::load16(row, k));
-    }
-    // The next block's weights are fetched into L2 while this one computes, a slice per
-    // micro-kernel step, so that the conversion above finds them in cache.
-    const char* pf = reinterpret_cast<const char*>(wb + static_cast<uint64_t>(rb) * row_bytes);
-    const char* const pf_end =
-        pf + static_cast<uint64_t>(std::min(kBlockRows, nr - r0 - rb)) * row_bytes;
-    const int64_t steps = ((n16 + kChunk - 1) / kChunk) * ((rb + kMicroRows - 1) / kMicroRows);
-    const int64_t pf_step = ((pf_end - pf) / std::max<int64_t>(steps, 1) + 127) / 64 * 64;
-    for (int64_t t0 = 0; t0 < nt; t0 += kTokenGroup) {
-      const int64_t tb = std::min(kTokenGroup, nt - t0);
-      const float* xg = x + t0 * x_stride;
-      std::fill(acc, acc + rb * tb * 16, 0.0f);
-      for (int64_t k0 = 0; k0 < n16; k0 += kChunk) {
-        const int64_t kc = std::min(kChunk, n16 - k0);
-        for (int64_t rg = 0; rg < rb; rg += kMicroRows) {
-          for (const char* stop = std::min(pf + pf_step, pf_end); pf < stop; pf += 64)
-            _mm_prefetch(pf, _MM_HINT_T1);
-          const int64_t mr = std::min<int64_t>(kMicroRows, rb - rg);
-          for (int64_t tg = 0; tg < tb; tg += kMicroTokens) {
-            const int64_t mt = std::min<int64_t>(kMicroTokens, tb - tg);
-            kMicroFns[mr - 1][mt - 1](panel + rg * panel_stride + k0, panel_stride, kc,
-                                      xg + tg * x_stride + k0, x_stride,
-                                      acc + (rg * tb + tg) * 16, tb);
-          }
-        }
-      }
-      if (n16 == n && rb == kBlockRows) {
-        // No tails: a token's 16 rows reduce together, one vector of results.
-        for (int64_t t = 0; t < tb; ++t) {
-          __m512 a[kBlockRows];
-          for (int64_t r = 0; r < kBlockRows; ++r) a[r] = _mm512_loadu_ps(acc + (r * tb + t) * 16);
-          _mm512_storeu_ps(y + (t0 + t) * y_stride + r0, hsum16(a));
-        }
-      } else {
-        for (int64_t r = 0; r < rb; ++r) {
-          const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
-          for (int64_t t = 0; t < tb; ++t)
-            y[(t0 + t) * y_stride + r0 + r] = finish<W>(_mm512_loadu_ps(acc + (r * tb + t) * 16),
-                                                        row, xg + t * x_stride, n16, n);
-        }
-      }
-    }
+struct Avx512Block {
+  static constexpr int kMicroRows = 4;
+  static constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weights + 1 activation of 32 zmm
+  static constexpr int kReduceRows = 16;
+  static MicroFn micro(int mr, int mt) { return kMicroFns[mr - 1][mt - 1]; }
+  template <typename W>
+  static void convert(const std::byte* row, float* dst, int64_t n16) {
+    for (int64_t k = 0; k < n16; k += 16) _mm512_storeu_ps(dst + k, W::load16(row, k));
   }
-}
+  static void reduce(const float* acc, int64_t stride, float* out) {
+    __m512 a[16];
+    for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(acc + j * stride);
+    _mm512_storeu_ps(out, hsum16(a));
+  }
+  template <typename W>
+  static float finish(const float* acc, const std::byte* row, const float* x, int64_t i,
+                      int64_t n) {
+    return ::cleave::cpu::detail::finish<W>(_mm512_loadu_ps(acc), row, x, i, n);
+  }
+};
 
 // tile<F32Weights, 1, 1> without the streaming prefetch: the same chain of 16-lane FMAs (the
 // 32-element steps there are two 16-element steps into the same accumulator) and epilogue.
@@ -372,7 +296,8 @@ const KernelSet& avx512_kernels() {
   static const KernelSet set{
       "avx512",
       {&dot_tile<F32Weights>, &dot_tile<F16Weights>, &dot_tile<BF16Weights>},
-      {&matmul_block<F32Weights>, &matmul_block<F16Weights>, &matmul_block<BF16Weights>},
+      {&matmul_block<Avx512Block, F32Weights>, &matmul_block<Avx512Block, F16Weights>,
+       &matmul_block<Avx512Block, BF16Weights>},
       &dot_f32,
       &axpy,
       &vec::axpy_rows<Zmm>,

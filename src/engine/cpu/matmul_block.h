@@ -1,0 +1,119 @@
+// Internal: the multi-token matmul of the f32/f16/bf16 weights (kernel_set.h, MatmulBlockFn),
+// shared by dot_avx512.cpp and dot_avx2.cpp, which include it under their own target flags and
+// give it their micro-kernels (internal linkage, as vec_simd.h).
+//
+// For a block of kBlockRows rows: their first n16 = n & ~15 elements are converted to f32 once
+// (one sequential pass over the weight bytes) into a thread-local panel. K is cut into equal
+// chunks of at most kMaxChunk elements (one for 576 columns, two for 1536, four for 4096: fewer
+// chunks, fewer trips of the accumulators through memory); for each chunk, micro-kernels of
+// K::kMicroRows rows x K::kMicroTokens tokens run over the panel and the tokens' activations,
+// the row group's panel rows staying in L1 while the tokens pass. Per (row, token) the 16-lane
+// accumulator (a0 in lanes 0-7, a1 in 8-15) lives in a thread-local array between chunks
+// (storing and reloading is exact) and sees the 16-element chunks in increasing order, as in
+// tile(); the tails and the horizontal sum are tile()'s epilogue.
+//
+// K supplies:
+//   micro(mr, mt)        the micro-kernel for mr <= kMicroRows rows and mt <= kMicroTokens
+//                        tokens: MicroFn(panel, panel_stride, kc, x, x_stride, acc, acc_stride)
+//                        adds chunk [0, kc) into the accumulators at
+//                        acc + (r * acc_stride + t) * 16
+//   convert<W>(row, dst, n16)  the row's first n16 elements as f32
+//   kReduceRows, reduce(acc, stride, out)  out[j] = the horizontal sum of the accumulator at
+//                        acc + j * stride for j < kReduceRows (no tails)
+//   finish<W>(acc, row, x, i, n)  one pair's result: its accumulator over [0, i), then the tails
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace cleave::cpu::detail {
+namespace {
+
+constexpr int64_t kBlockRows = 16;
+constexpr int64_t kMaxChunk = 1024;
+constexpr int64_t kTokenGroup = 64;  // bounds the accumulator array to kBlockRows x 64 x 64 B
+
+using MicroFn = void (*)(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
+                         int64_t x_stride, float* acc, int64_t acc_stride);
+
+struct BlockScratch {
+  std::vector<float> panel;  // [kBlockRows][stride] f32 weights
+  std::vector<float> acc;    // [kBlockRows][token group][16 lanes]
+};
+
+BlockScratch& block_scratch() {
+  thread_local BlockScratch s;
+  return s;
+}
+
+template <class K, class W>
+void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
+                  int64_t x_stride, int64_t nt, int64_t n, float* y, int64_t y_stride) {
+  const int64_t n16 = n & ~int64_t{15};
+  const int64_t n_chunks = std::max<int64_t>(1, (n16 + kMaxChunk - 1) / kMaxChunk);
+  const int64_t kChunk = std::max<int64_t>(16, ((n16 + n_chunks - 1) / n_chunks + 15) / 16 * 16);
+  // Padding the row stride keeps the micro-kernel's rows off the same L1 sets.
+  const int64_t panel_stride = n16 + 16;
+  BlockScratch& s = block_scratch();
+  if (s.panel.size() < static_cast<size_t>(kBlockRows * panel_stride))
+    s.panel.resize(static_cast<size_t>(kBlockRows * panel_stride));
+  const int64_t tg_max = std::min(nt, kTokenGroup);
+  if (s.acc.size() < static_cast<size_t>(kBlockRows * tg_max * 16))
+    s.acc.resize(static_cast<size_t>(kBlockRows * tg_max * 16));
+  float* panel = s.panel.data();
+  float* acc = s.acc.data();
+
+  for (int64_t r0 = 0; r0 < nr; r0 += kBlockRows) {
+    const int64_t rb = std::min(kBlockRows, nr - r0);
+    const std::byte* wb = w + static_cast<uint64_t>(r0) * row_bytes;
+    // Each weight byte is read (and converted) once here for the whole batch.
+    for (int64_t r = 0; r < rb; ++r)
+      K::template convert<W>(wb + static_cast<uint64_t>(r) * row_bytes, panel + r * panel_stride,
+                             n16);
+    // The next block's weights are fetched into L2 while this one computes, a slice per
+    // micro-kernel row group, so that the conversion above finds them in cache.
+    const char* pf = reinterpret_cast<const char*>(wb + static_cast<uint64_t>(rb) * row_bytes);
+    const char* const pf_end =
+        pf + static_cast<uint64_t>(std::min(kBlockRows, nr - r0 - rb)) * row_bytes;
+    const int64_t steps =
+        ((n16 + kChunk - 1) / kChunk) * ((rb + K::kMicroRows - 1) / K::kMicroRows);
+    const int64_t pf_step = ((pf_end - pf) / std::max<int64_t>(steps, 1) + 127) / 64 * 64;
+    for (int64_t t0 = 0; t0 < nt; t0 += kTokenGroup) {
+      const int64_t tb = std::min(kTokenGroup, nt - t0);
+      const float* xg = x + t0 * x_stride;
+      std::fill(acc, acc + rb * tb * 16, 0.0f);
+      for (int64_t k0 = 0; k0 < n16; k0 += kChunk) {
+        const int64_t kc = std::min(kChunk, n16 - k0);
+        for (int64_t rg = 0; rg < rb; rg += K::kMicroRows) {
+          for (const char* stop = std::min(pf + pf_step, pf_end); pf < stop; pf += 64)
+            _mm_prefetch(pf, _MM_HINT_T1);
+          const int mr = static_cast<int>(std::min<int64_t>(K::kMicroRows, rb - rg));
+          for (int64_t tg = 0; tg < tb; tg += K::kMicroTokens) {
+            const int mt = static_cast<int>(std::min<int64_t>(K::kMicroTokens, tb - tg));
+            K::micro(mr, mt)(panel + rg * panel_stride + k0, panel_stride, kc,
+                             xg + tg * x_stride + k0, x_stride, acc + (rg * tb + tg) * 16, tb);
+          }
+        }
+      }
+      int64_t r_done = 0;
+      if (n16 == n) {  // no tails: K::kReduceRows rows of a token reduce together
+        for (; r_done + K::kReduceRows <= rb; r_done += K::kReduceRows)
+          for (int64_t t = 0; t < tb; ++t)
+            K::reduce(acc + (r_done * tb + t) * 16, tb * 16, y + (t0 + t) * y_stride + r0 + r_done);
+      }
+      for (int64_t r = r_done; r < rb; ++r) {
+        const std::byte* row = wb + static_cast<uint64_t>(r) * row_bytes;
+        for (int64_t t = 0; t < tb; ++t)
+          y[(t0 + t) * y_stride + r0 + r] =
+              K::template finish<W>(acc + (r * tb + t) * 16, row, xg + t * x_stride, n16, n);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cleave::cpu::detail
