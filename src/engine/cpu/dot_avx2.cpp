@@ -7,10 +7,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "matmul_block.h"
 #include "stream_prefetch.h"
@@ -94,6 +92,20 @@ inline float hsum(__m256 a0, __m256 a1) {
   return _mm_cvtss_f32(s);
 }
 
+// The epilogue of one (row, token) pair whose accumulators cover elements [0, i): the trailing
+// 8-chunk into a0, the fixed horizontal sum, then the scalar tail in order.
+template <typename W>
+inline float finish_pair(__m256 a0, __m256 a1, const std::byte* row, const float* x, int64_t i,
+                         int64_t n) {
+  if (i + 8 <= n) {
+    a0 = _mm256_fmadd_ps(W::load8(row, i), _mm256_loadu_ps(x + i), a0);
+    i += 8;
+  }
+  float s = hsum(a0, a1);
+  for (int64_t j = i; j < n; ++j) s = std::fma(W::load1(row, j), x[j], s);
+  return s;
+}
+
 template <typename W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
                  int64_t n, float* y, int64_t y_stride) {
@@ -130,22 +142,10 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t
       }
     }
   }
-  if (i + 8 <= n) {
-    for (int r = 0; r < R; ++r) {
-      const __m256 w0 = W::load8(w + r * row_bytes, i);
-      for (int t = 0; t < T; ++t)
-        a0[r][t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * x_stride + i), a0[r][t]);
-    }
-    i += 8;
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      float s = hsum(a0[r][t], a1[r][t]);
-      for (int64_t j = i; j < n; ++j)
-        s = std::fma(W::load1(w + r * row_bytes, j), x[t * x_stride + j], s);
-      y[t * y_stride + r] = s;
-    }
-  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t)
+      y[t * y_stride + r] =
+          finish_pair<W>(a0[r][t], a1[r][t], w + r * row_bytes, x + t * x_stride, i, n);
 }
 
 // Register budget (16 ymm): single token, up to 4 rows (8 accumulators); several tokens, up to
@@ -223,19 +223,6 @@ const MicroFn kMicroFns[4][3] = {
     {&micro<3, 1>, &micro<3, 2>, &micro<3, 3>},
     {&micro<4, 1>, &micro<4, 2>, &micro<4, 3>},
 };
-
-// tile()'s epilogue for one (row, token) pair whose accumulators cover elements [0, i).
-template <typename W>
-inline float finish_pair(__m256 a0, __m256 a1, const std::byte* row, const float* x, int64_t i,
-                         int64_t n) {
-  if (i + 8 <= n) {
-    a0 = _mm256_fmadd_ps(W::load8(row, i), _mm256_loadu_ps(x + i), a0);
-    i += 8;
-  }
-  float s = hsum(a0, a1);
-  for (int64_t j = i; j < n; ++j) s = std::fma(W::load1(row, j), x[j], s);
-  return s;
-}
 
 // Lane j: hsum(a0, a1) of the pair at acc + j * stride (a0 then a1): the same additions of the
 // same pairs (lane i + lane i + 4 of a0 + a1, then i + 2, then i + 1), for eight pairs at once

@@ -15,6 +15,7 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+// The standard headers here and in matmul_block.h, before the target pragma below.
 #include <algorithm>
 #include <cmath>
 #include <cstring>

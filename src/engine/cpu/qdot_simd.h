@@ -482,9 +482,10 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
 // Decode (one token) reads one row at a time: a matrix's rows lie one after another, so its
 // bytes are read as one sequential stream, which the hardware prefetcher follows (four rows side
 // by side, four streams, measured 35-45% slower on Zen 4: SmolLM2 Q8_0 decode 115-130 against
-// 199-210 tok/s; the f32/f16/bf16 kernels, with their far prefetch, showed no such gain). Several tokens: tiles of Dot::kRows rows x Dot::kTokens tokens (kTokensK for
-// the K-quants; as many accumulators as the register file holds), each weight block unpacked
-// once per tile; leftover rows and tokens in thinner tiles.
+// 199-210 tok/s; the f32/f16/bf16 kernels, with their far prefetch, showed no such gain).
+// Several tokens: tiles of Dot::kRows rows x Dot::kTokens tokens (kTokensK for the K-quants; as
+// many accumulators as the register file holds), each weight block unpacked once per tile;
+// leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
