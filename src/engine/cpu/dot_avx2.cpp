@@ -1,5 +1,5 @@
-// AVX2 + FMA + F16C dot kernels, following the reduction order in kernel_set.h, and a multi-token
-// matmul that converts each weight row to f32 once per call (as dot_avx512.cpp).
+// AVX2 + FMA + F16C dot kernels, following the reduction order in kernel_set.h, and the
+// micro-kernels of the multi-token matmul (matmul_block.h, as dot_avx512.cpp).
 // This file is compiled with -mavx2 -mfma -mf16c -ffp-contract=off (src/engine/CMakeLists.txt);
 // nothing here may run unless cpu_has_avx2_kernels() is true.
 #include "kernel_set.h"
@@ -190,18 +190,19 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 // loads for 12). Each accumulator still sees its chunks in increasing order, as in tile().
 // Between passes the accumulators rest in the driver's array, a0 and a1 side by side.
 
-// One pass: the half h of every 16-element chunk of [0, kc) into the pairs' a_h.
-template <int R, int T>
-inline void micro_half(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
-                       int64_t x_stride, float* acc, int64_t acc_stride, int h) {
+// One pass: the half h of every 16-element chunk of [k0, k0 + kc) into the pairs' a_h.
+template <typename W, int R, int T>
+inline void micro_half(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc,
+                       const float* x, int64_t x_stride, float* acc, int64_t acc_stride, int h) {
   __m256 a[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) a[r][t] = _mm256_loadu_ps(acc + (r * acc_stride + t) * 16 + 8 * h);
-  for (int64_t k = 8 * h; k < kc; k += 16) {
+    for (int t = 0; t < T; ++t)
+      a[r][t] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + (r * acc_stride + t) * 16 + 8 * h);
+  for (int64_t k = k0 + 8 * h; k < k0 + kc; k += 16) {
     __m256 xv[T];
     for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x + t * x_stride + k);
     for (int r = 0; r < R; ++r) {
-      const __m256 wv = _mm256_loadu_ps(panel + r * panel_stride + k);
+      const __m256 wv = W::load8(w + static_cast<uint64_t>(r) * row_bytes, k);
       for (int t = 0; t < T; ++t) a[r][t] = _mm256_fmadd_ps(wv, xv[t], a[r][t]);
     }
   }
@@ -209,19 +210,20 @@ inline void micro_half(const float* panel, int64_t panel_stride, int64_t kc, con
     for (int t = 0; t < T; ++t) _mm256_storeu_ps(acc + (r * acc_stride + t) * 16 + 8 * h, a[r][t]);
 }
 
-template <int R, int T>
-void micro(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
+template <typename W, int R, int T>
+void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const float* x,
            int64_t x_stride, float* acc, int64_t acc_stride) {
-  micro_half<R, T>(panel, panel_stride, kc, x, x_stride, acc, acc_stride, 0);
-  micro_half<R, T>(panel, panel_stride, kc, x, x_stride, acc, acc_stride, 1);
+  micro_half<W, R, T>(w, row_bytes, k0, kc, x, x_stride, acc, acc_stride, 0);
+  micro_half<W, R, T>(w, row_bytes, k0, kc, x, x_stride, acc, acc_stride, 1);
 }
 
-// kMicroFns[R - 1][T - 1]
-const MicroFn kMicroFns[4][3] = {
-    {&micro<1, 1>, &micro<1, 2>, &micro<1, 3>},
-    {&micro<2, 1>, &micro<2, 2>, &micro<2, 3>},
-    {&micro<3, 1>, &micro<3, 2>, &micro<3, 3>},
-    {&micro<4, 1>, &micro<4, 2>, &micro<4, 3>},
+// kMicroFns<W>[R - 1][T - 1]
+template <typename W>
+constexpr MicroFn kMicroFns[4][3] = {
+    {&micro<W, 1, 1>, &micro<W, 1, 2>, &micro<W, 1, 3>},
+    {&micro<W, 2, 1>, &micro<W, 2, 2>, &micro<W, 2, 3>},
+    {&micro<W, 3, 1>, &micro<W, 3, 2>, &micro<W, 3, 3>},
+    {&micro<W, 4, 1>, &micro<W, 4, 2>, &micro<W, 4, 3>},
 };
 
 // Lane j: hsum(a0, a1) of the pair at acc + j * stride (a0 then a1): the same additions of the
@@ -248,16 +250,8 @@ struct Avx2Block {
   static constexpr int kMicroRows = 4;
   static constexpr int kMicroTokens = 3;
   static constexpr int kReduceRows = 8;
-  static MicroFn micro(int mr, int mt) { return kMicroFns[mr - 1][mt - 1]; }
   template <typename W>
-  static void convert(const std::byte* row, float* dst, int64_t n16) {
-    for (int64_t k = 0; k < n16; k += 16) {
-      __m256 w0, w1;
-      W::load16(row, k, w0, w1);
-      _mm256_storeu_ps(dst + k, w0);
-      _mm256_storeu_ps(dst + k + 8, w1);
-    }
-  }
+  static MicroFn micro(int mr, int mt) { return kMicroFns<W>[mr - 1][mt - 1]; }
   static void reduce(const float* acc, int64_t stride, float* out) {
     _mm256_storeu_ps(out, hsum8(acc, stride));
   }

@@ -1,6 +1,6 @@
-// AVX-512 kernels: the AVX2 set's reduction order (kernel_set.h) with 16-lane vectors, and a
-// multi-token matmul that converts each weight row to f32 once per call and runs every token of
-// the batch against it.
+// AVX-512 kernels: the AVX2 set's reduction order (kernel_set.h) with 16-lane vectors, and the
+// micro-kernels of the multi-token matmul (matmul_block.h), which runs every token of the batch
+// against each block of weight rows.
 //
 // Bit-identity with the AVX2 set: the AVX2 kernels keep, per (row, token), a0 for elements
 // [16k, 16k+8) and a1 for [16k+8, 16k+16). One 16-lane accumulator over [16k, 16k+16) holds a0 in
@@ -169,15 +169,16 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 
 // ---- Multi-token matmul (matmul_block.h) ---------------------------------------------------
 
-template <int R, int T>
-inline void micro(const float* panel, int64_t panel_stride, int64_t kc, const float* x,
+template <typename W, int R, int T>
+inline void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const float* x,
                   int64_t x_stride, float* acc, int64_t acc_stride) {
   __m512 a[R][T];
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) a[r][t] = _mm512_loadu_ps(acc + (r * acc_stride + t) * 16);
-  for (int64_t k = 0; k < kc; k += 16) {
+    for (int t = 0; t < T; ++t)
+      a[r][t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (r * acc_stride + t) * 16);
+  for (int64_t k = k0; k < k0 + kc; k += 16) {
     __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_ps(panel + r * panel_stride + k);
+    for (int r = 0; r < R; ++r) wv[r] = W::load16(w + static_cast<uint64_t>(r) * row_bytes, k);
     for (int t = 0; t < T; ++t) {
       const __m512 xv = _mm512_loadu_ps(x + t * x_stride + k);
       for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
@@ -209,37 +210,35 @@ inline __m512 hsum16(const __m512 a[16]) {
       _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
 }
 
-template <int R>
+template <typename W, int R>
 constexpr MicroFn micro_for_tokens(int t) {
-  return t == 1   ? &micro<R, 1>
-         : t == 2 ? &micro<R, 2>
-         : t == 3 ? &micro<R, 3>
-         : t == 4 ? &micro<R, 4>
-         : t == 5 ? &micro<R, 5>
-                  : &micro<R, 6>;
+  return t == 1   ? &micro<W, R, 1>
+         : t == 2 ? &micro<W, R, 2>
+         : t == 3 ? &micro<W, R, 3>
+         : t == 4 ? &micro<W, R, 4>
+         : t == 5 ? &micro<W, R, 5>
+                  : &micro<W, R, 6>;
 }
 
-// kMicroFns[R - 1][T - 1]
-const MicroFn kMicroFns[4][6] = {
-    {micro_for_tokens<1>(1), micro_for_tokens<1>(2), micro_for_tokens<1>(3),
-     micro_for_tokens<1>(4), micro_for_tokens<1>(5), micro_for_tokens<1>(6)},
-    {micro_for_tokens<2>(1), micro_for_tokens<2>(2), micro_for_tokens<2>(3),
-     micro_for_tokens<2>(4), micro_for_tokens<2>(5), micro_for_tokens<2>(6)},
-    {micro_for_tokens<3>(1), micro_for_tokens<3>(2), micro_for_tokens<3>(3),
-     micro_for_tokens<3>(4), micro_for_tokens<3>(5), micro_for_tokens<3>(6)},
-    {micro_for_tokens<4>(1), micro_for_tokens<4>(2), micro_for_tokens<4>(3),
-     micro_for_tokens<4>(4), micro_for_tokens<4>(5), micro_for_tokens<4>(6)},
+// kMicroFns<W>[R - 1][T - 1]
+template <typename W>
+constexpr MicroFn kMicroFns[4][6] = {
+    {micro_for_tokens<W, 1>(1), micro_for_tokens<W, 1>(2), micro_for_tokens<W, 1>(3),
+     micro_for_tokens<W, 1>(4), micro_for_tokens<W, 1>(5), micro_for_tokens<W, 1>(6)},
+    {micro_for_tokens<W, 2>(1), micro_for_tokens<W, 2>(2), micro_for_tokens<W, 2>(3),
+     micro_for_tokens<W, 2>(4), micro_for_tokens<W, 2>(5), micro_for_tokens<W, 2>(6)},
+    {micro_for_tokens<W, 3>(1), micro_for_tokens<W, 3>(2), micro_for_tokens<W, 3>(3),
+     micro_for_tokens<W, 3>(4), micro_for_tokens<W, 3>(5), micro_for_tokens<W, 3>(6)},
+    {micro_for_tokens<W, 4>(1), micro_for_tokens<W, 4>(2), micro_for_tokens<W, 4>(3),
+     micro_for_tokens<W, 4>(4), micro_for_tokens<W, 4>(5), micro_for_tokens<W, 4>(6)},
 };
 
 struct Avx512Block {
   static constexpr int kMicroRows = 4;
   static constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weights + 1 activation of 32 zmm
   static constexpr int kReduceRows = 16;
-  static MicroFn micro(int mr, int mt) { return kMicroFns[mr - 1][mt - 1]; }
   template <typename W>
-  static void convert(const std::byte* row, float* dst, int64_t n16) {
-    for (int64_t k = 0; k < n16; k += 16) _mm512_storeu_ps(dst + k, W::load16(row, k));
-  }
+  static MicroFn micro(int mr, int mt) { return kMicroFns<W>[mr - 1][mt - 1]; }
   static void reduce(const float* acc, int64_t stride, float* out) {
     __m512 a[16];
     for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(acc + j * stride);
