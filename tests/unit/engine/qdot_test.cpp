@@ -168,26 +168,29 @@ TEST_P(IntPathTest, ZeroActivationsGiveZero) {
 INSTANTIATE_TEST_SUITE_P(Sets, IntPathTest, ::testing::Values("generic", "avx2", "avx512"));
 
 // The kernel sets give the same bits for every format (the reference order is exact integers and
-// the same f32 steps). 19 tokens: whole multi-token tiles of every set (AVX2 3 and 4, AVX-512 6
-// and 8) and leftovers; 9 rows: whole row tiles (2 and 4) and leftovers.
+// the same f32 steps). The token counts give whole multi-token tiles of every set (AVX2 3 and 4,
+// AVX-512 6 and 8) and every leftover width; 9 rows: whole row tiles (2 and 4) and leftovers.
 TEST(IntPathSets, AllKernelSetsAgreeBitForBit) {
   const std::string previous = kernel_isa();
   for (DType t : kIntTypes) {
-    const int64_t n = dtype_info(t).block_elems == 256 ? 768 : 416, rows = 9, tokens = 19;
-    Matrix m = make_matrix(t, rows, n, 21);
-    std::vector<float> x = random_vector(n * tokens, 22);
-    ThreadPool pool(2);
-    std::vector<float> ref;
-    for (const char* isa : {"generic", "avx2", "avx512"}) {
-      if (!set_kernel_isa(isa)) continue;
-      std::vector<float> y(static_cast<size_t>(rows * tokens));
-      matmul(pool, m.view, x.data(), n, tokens, y.data(), rows);
-      if (ref.empty()) {
-        ref = y;
-        continue;
+    for (const int64_t tokens : {2, 3, 4, 5, 7, 8, 9, 10, 11, 13, 14, 19}) {
+      const int64_t n = dtype_info(t).block_elems == 256 ? 768 : 416, rows = 9;
+      Matrix m = make_matrix(t, rows, n, 21);
+      std::vector<float> x = random_vector(n * tokens, 22);
+      ThreadPool pool(2);
+      std::vector<float> ref;
+      for (const char* isa : {"generic", "avx2", "avx512"}) {
+        if (!set_kernel_isa(isa)) continue;
+        std::vector<float> y(static_cast<size_t>(rows * tokens));
+        matmul(pool, m.view, x.data(), n, tokens, y.data(), rows);
+        if (ref.empty()) {
+          ref = y;
+          continue;
+        }
+        for (size_t i = 0; i < y.size(); ++i)
+          ASSERT_EQ(bits(y[i]), bits(ref[i]))
+              << dtype_name(t) << " " << isa << " tokens=" << tokens << " i=" << i;
       }
-      for (size_t i = 0; i < y.size(); ++i)
-        ASSERT_EQ(bits(y[i]), bits(ref[i])) << dtype_name(t) << " " << isa << " i=" << i;
     }
   }
   ASSERT_TRUE(set_kernel_isa(previous));
