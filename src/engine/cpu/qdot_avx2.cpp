@@ -22,7 +22,7 @@ namespace {
 struct Avx2Dot {
   static constexpr int kRows = 2, kTokens = 3;  // 6 accumulators of 16 ymm registers
   static constexpr int kTokensK = 4;  // K-quants: 2 x 4 tiles (measured faster for them)
-  static constexpr int kTokensTab = 4;  // tile_legacy_tab: 2 x 4, the eight lanes of its scales
+  static constexpr int kTokensTab = 4;  // tile_tab: 2 x 4, the eight lanes of its scale tables
   static constexpr bool kFusedAcc = false;
   static constexpr bool kRowPairs = false;  // no 512-bit vectors
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {

@@ -348,42 +348,86 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
   }
 }
 
-// tile_legacy for the formats without a min on a set without fused accumulation (AVX2), with
-// the scale work of a whole tile in one multiply per block: lane t * R + r of dtab[b] is d_r
-// (built once per row group) and of xtab[b] is dx_t (built once per call for each token tile),
-// so that lane t * R + r of their product is the reference's d_r * dx_t. Without tile_legacy's
-// conversion of the rows' d and its multiply per token, Q8_0 ran 2.5 instead of 2.9 cycles per
-// (row, token, block) in a standalone loop on Zen 4; the 2 x 4 tile fills the eight lanes.
+// On a set without fused accumulation (AVX2), every format but Q2_K runs its multi-token tiles
+// with the scale work done once per block for the whole R x T tile (R * T <= 8), from tables in
+// which lane t * R + r of a block's entry belongs to row r and token t:
+//   per row group (RowTabs): d (the block's d, or d * sc for the K-quants without sub-scales),
+//     with a min m and mn (float(mn); 1 for the legacy formats, whose min term is m * dx * X),
+//     and for the sub-16 formats each unit's int16 sub-scales per row;
+//   per token tile, built once per call: dx and, with a min, X (the block's level sum).
+// A block's products d_r * dx_t are then one multiply and its min terms one fma, the same f32
+// operations as tile() lane by lane. The per-token multiplies and the rows' scale decoding had
+// been done once per tile: Q8_0 ran 2.5 instead of 2.9 cycles per (row, token, block) without
+// them in a standalone loop on Zen 4.
+template <class Dot, class W>
+constexpr bool kScaleTables = !Dot::kFusedAcc && !(W::kMin && W::kSub16);
+
+struct RowTabs {
+  const float* d;
+  const float* m;
+  const float* mn;
+  const int16_t* sc16;  // [unit][row][16], 32-byte aligned
+};
+
+template <class Dot, class W>
+inline __m256i block_levels(const std::byte* unit, int jb) {
+  if constexpr (W::kBlocks == 1) {
+    if constexpr (W::kSigned) return W::template levels<Dot>(unit);
+    else return W::template ulevels<Dot>(unit);
+  } else {
+    return W::levels(unit, jb);
+  }
+}
+
 template <class Dot, class W, int R, int T>
-inline void tile_legacy_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
-                            const float* dtab, const float* xtab, float* y, int64_t y_stride) {
-  static_assert(R * T <= 8 && W::kSigned && !W::kMin && !Dot::kFusedAcc);
-  const int64_t nb = x.n / kQK;
+inline void tile_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
+                     const RowTabs& rt, const float* xd, const float* xs, float* y,
+                     int64_t y_stride) {
+  static_assert(R * T <= 8 && kScaleTables<Dot, W>);
+  const int64_t nu = x.n / kQK / W::kBlocks;
   __m256 as[R][T];
+  __m256 am = _mm256_setzero_ps();
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) as[r][t] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const std::byte* unit = w + b * W::kBytes;  // row 0's block b
-    alignas(32) float sdx[8];
-    _mm256_store_ps(sdx, _mm256_mul_ps(_mm256_load_ps(dtab + 8 * b), _mm256_load_ps(xtab + 8 * b)));
-    __m256i xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
-    for (int r = 0; r < R; ++r) {
-      const __m256i qv = W::template levels<Dot>(unit + r * row_bytes);
-      const __m256i au = _mm256_abs_epi8(qv);
-      for (int t = 0; t < T; ++t) {
-        const __m256i s = Dot::dot(au, _mm256_sign_epi8(xv[t], qv));
-        as[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sdx[t * R + r]), _mm256_cvtepi32_ps(s),
-                                   as[r][t]);
+  for (int64_t u = 0; u < nu; ++u) {
+    // Unrolled: the shifts and offsets of each block of a super-block become constants.
+#pragma GCC unroll 8
+    for (int jb = 0; jb < W::kBlocks; ++jb) {
+      const int64_t b = u * W::kBlocks + jb;
+      const __m256 dx = _mm256_load_ps(xd + 8 * b);
+      alignas(32) float sdx[8];
+      _mm256_store_ps(sdx, _mm256_mul_ps(_mm256_load_ps(rt.d + 8 * b), dx));
+      if constexpr (W::kMin) {
+        const __m256 mnx = _mm256_mul_ps(_mm256_load_ps(rt.mn + 8 * b), _mm256_load_ps(xs + 8 * b));
+        am = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(rt.m + 8 * b), dx), mnx, am);
+      }
+      __m256i xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
+      for (int r = 0; r < R; ++r) {
+        const __m256i qv = block_levels<Dot, W>(w + r * row_bytes + u * W::kBytes, jb);
+        const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
+        __m256i sc16 = _mm256_setzero_si256();
+        if constexpr (W::kSub16) {
+          sc16 = block_sub_scales(
+              _mm256_load_si256(reinterpret_cast<const __m256i*>(rt.sc16 + (u * R + r) * 16)), jb);
+        }
+        for (int t = 0; t < T; ++t) {
+          const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv[t], qv) : xv[t];
+          __m256i s;
+          if constexpr (W::kSub16) s = _mm256_madd_epi16(_mm256_maddubs_epi16(au, bv), sc16);
+          else s = Dot::dot(au, bv);
+          as[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&sdx[t * R + r]), _mm256_cvtepi32_ps(s),
+                                     as[r][t]);
+        }
       }
     }
   }
+  alignas(32) float mins[8];
+  _mm256_store_ps(mins, am);
   for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) y[t * y_stride + r] = hsum(as[r][t]);
+    for (int r = 0; r < R; ++r)
+      y[t * y_stride + r] = hsum(as[r][t]) + (W::kMin ? mins[t * R + r] : 0.0f);
 }
-
-template <class Dot, class W>
-constexpr bool kScaleTables = !Dot::kFusedAcc && W::kBlocks == 1 && W::kSigned && !W::kMin;
 
 // R rows x T tokens; tokens t0 .. t0 + T of x. The K-quants: per block and token, one 4-lane
 // product gives every row's d * sc * dx (and, with a min, m * dx, mn * X and the min sum, lane r
@@ -517,12 +561,77 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
   }
 }
 
+// The R x T tiles of qdot_format through tile_tab; returns the rows done (a multiple of R).
+template <class Dot, class W, int R, int T>
+int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
+                    int64_t nt, float* y, int64_t y_stride) {
+  const int64_t nb = x.n / kQK, nu = nb / W::kBlocks, tiles = nt / T;
+  // Token tables, then the row group's, each entry 8 lanes; 32-byte aligned.
+  const int64_t n_tok = (W::kMin ? 2 : 1) * tiles * nb * 8, n_row = (W::kMin ? 3 : 1) * nb * 8;
+  const int64_t n_sc16 = W::kSub16 ? nu * R * 8 : 0;  // 16 int16 an entry, in floats' room
+  thread_local std::vector<float> buf;
+  buf.assign(static_cast<size_t>(n_tok + n_row + n_sc16 + 8), 0.0f);
+  float* const xd = reinterpret_cast<float*>(
+      (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+  float* const xs = xd + tiles * nb * 8;
+  float* const rd = xd + n_tok;
+  float* const rm = rd + nb * 8;
+  float* const rmn = rm + nb * 8;
+  int16_t* const sc16 = reinterpret_cast<int16_t*>(rd + n_row);
+  const RowTabs rt{rd, rm, rmn, sc16};
+  for (int64_t i = 0; i < tiles; ++i)
+    for (int64_t b = 0; b < nb; ++b)
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < R; ++r) {
+          const int64_t lane = (i * nb + b) * 8 + t * R + r, src = (i * T + t) * nb + b;
+          xd[lane] = x.d[src];
+          if constexpr (W::kMin) xs[lane] = x.sum32[src];
+        }
+  int64_t r0 = 0;
+  for (; r0 + R <= nr; r0 += R) {
+    const std::byte* wr = w + r0 * row_bytes;
+    for (int64_t u = 0; u < nu; ++u) {
+      Scales sc{};
+      for (int r = 0; r < R; ++r) {
+        const std::byte* unit = wr + r * row_bytes + u * W::kBytes;
+        if constexpr (W::kBlocks > 1) {
+          W::scales(unit, sc, r);
+          if constexpr (W::kSub16) {
+            _mm256_store_si256(reinterpret_cast<__m256i*>(sc16 + (u * R + r) * 16), sc.sc16[r]);
+          }
+        }
+        for (int jb = 0; jb < W::kBlocks; ++jb) {
+          float d, m = 0.0f, mn = 1.0f;
+          if constexpr (W::kBlocks == 1) {
+            d = f16(unit);
+            if constexpr (W::kMin) m = f16(unit + 2);
+          } else {
+            d = sc.dsc[jb][r];
+            if constexpr (W::kMin) m = sc.m[jb][r], mn = sc.mnf[jb][r];
+          }
+          for (int t = 0; t < T; ++t) {
+            const int64_t lane = (u * W::kBlocks + jb) * 8 + t * R + r;
+            rd[lane] = d;
+            if constexpr (W::kMin) rm[lane] = m, rmn[lane] = mn;
+          }
+        }
+      }
+    }
+    int64_t t = 0;
+    for (int64_t i = 0; i < tiles; ++i, t += T)
+      tile_tab<Dot, W, R, T>(wr, row_bytes, x, t, rt, xd + i * nb * 8, xs + i * nb * 8,
+                             y + t * y_stride + r0, y_stride);
+    for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r0, y_stride);
+  }
+  return r0;
+}
+
 // Decode (one token) reads one row at a time: a matrix's rows lie one after another, so its
 // bytes are read as one sequential stream, which the hardware prefetcher follows (four rows side
 // by side, four streams, measured 35-45% slower on Zen 4: SmolLM2 Q8_0 decode 115-130 against
 // 199-210 tok/s; the f32/f16/bf16 kernels, with their far prefetch, showed no such gain).
 // Several tokens: tiles of Dot::kRows rows x Dot::kTokens tokens (kTokensK for the K-quants,
-// kTokensTab for tile_legacy_tab; as many accumulators as the register file holds), each weight
+// kTokensTab for tile_tab; as many accumulators as the register file holds), each weight
 // block unpacked once per tile; leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
@@ -535,30 +644,7 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
   constexpr int R = Dot::kRows, T = W::kBlocks == 1 ? Dot::kTokens : Dot::kTokensK;
   int64_t r = 0;
   if constexpr (kScaleTables<Dot, W>) {
-    constexpr int T = Dot::kTokensTab;
-    const int64_t nb = x.n / kQK, tiles = nt / T;
-    thread_local std::vector<float> tabs;  // xtab of every tile, then dtab, 32-byte aligned
-    tabs.assign(static_cast<size_t>((tiles + 1) * nb * 8 + 8), 0.0f);
-    float* const xtab = reinterpret_cast<float*>(
-        (reinterpret_cast<uintptr_t>(tabs.data()) + 31) & ~uintptr_t{31});
-    float* const dtab = xtab + tiles * nb * 8;
-    for (int64_t i = 0; i < tiles; ++i)
-      for (int64_t b = 0; b < nb; ++b)
-        for (int t = 0; t < T; ++t)
-          for (int q = 0; q < R; ++q) xtab[(i * nb + b) * 8 + t * R + q] = x.d[(i * T + t) * nb + b];
-    for (; r + R <= nr; r += R) {
-      const std::byte* wr = w + r * row_bytes;
-      for (int64_t b = 0; b < nb; ++b)
-        for (int q = 0; q < R; ++q) {
-          const float d = f16(wr + q * row_bytes + b * W::kBytes);
-          for (int t = 0; t < T; ++t) dtab[b * 8 + t * R + q] = d;
-        }
-      int64_t t = 0;
-      for (int64_t i = 0; i < tiles; ++i, t += T)
-        tile_legacy_tab<Dot, W, R, T>(wr, row_bytes, x, t, dtab, xtab + i * nb * 8,
-                                      y + t * y_stride + r, y_stride);
-      for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
-    }
+    r = qdot_tabled<Dot, W, R, Dot::kTokensTab>(w, row_bytes, nr, x, nt, y, y_stride);
   }
   for (; r + R <= nr; r += R) {
     const std::byte* wr = w + r * row_bytes;
