@@ -20,9 +20,9 @@ namespace {
 // maddubs + madd: int32 lane j = sum over k < 4 of a[4j+k] * b[4j+k]. `a` is the unsigned
 // operand.
 struct Avx2Dot {
-  static constexpr int kRows = 2, kTokens = 3;  // 6 accumulators of 16 ymm registers
-  static constexpr int kTokensK = 4;  // K-quants: 2 x 4 tiles (measured faster for them)
-  static constexpr int kTokensTab = 4;  // tile_tab: 2 x 4, the eight lanes of its scale tables
+  // 2 x 4 tiles: 8 accumulators of 16 ymm registers, and the eight lanes of tile_tab's scale
+  // tables (measured faster than 2 x 3 for the legacy formats and the K-quants alike).
+  static constexpr int kRows = 2, kTokens = 4, kTokensK = 4;
   static constexpr bool kFusedAcc = false;
   static constexpr bool kRowPairs = false;  // no 512-bit vectors
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {

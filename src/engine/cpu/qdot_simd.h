@@ -630,9 +630,9 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
 // bytes are read as one sequential stream, which the hardware prefetcher follows (four rows side
 // by side, four streams, measured 35-45% slower on Zen 4: SmolLM2 Q8_0 decode 115-130 against
 // 199-210 tok/s; the f32/f16/bf16 kernels, with their far prefetch, showed no such gain).
-// Several tokens: tiles of Dot::kRows rows x Dot::kTokens tokens (kTokensK for the K-quants,
-// kTokensTab for tile_tab; as many accumulators as the register file holds), each weight
-// block unpacked once per tile; leftover rows and tokens in thinner tiles.
+// Several tokens: tiles of Dot::kRows rows x Dot::kTokens tokens (kTokensK for the K-quants; as
+// many accumulators as the register file holds), through tile_tab where kScaleTables holds, each
+// weight block unpacked once per tile; leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
@@ -644,13 +644,15 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
   constexpr int R = Dot::kRows, T = W::kBlocks == 1 ? Dot::kTokens : Dot::kTokensK;
   int64_t r = 0;
   if constexpr (kScaleTables<Dot, W>) {
-    r = qdot_tabled<Dot, W, R, Dot::kTokensTab>(w, row_bytes, nr, x, nt, y, y_stride);
-  }
-  for (; r + R <= nr; r += R) {
-    const std::byte* wr = w + r * row_bytes;
-    int64_t t = 0;
-    for (; t + T <= nt; t += T) tile<Dot, W, R, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
-    for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    r = qdot_tabled<Dot, W, R, T>(w, row_bytes, nr, x, nt, y, y_stride);
+  } else {
+    for (; r + R <= nr; r += R) {
+      const std::byte* wr = w + r * row_bytes;
+      int64_t t = 0;
+      for (; t + T <= nt; t += T)
+        tile<Dot, W, R, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+      for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    }
   }
   for (; r < nr; ++r) {
     const std::byte* wr = w + r * row_bytes;

@@ -168,7 +168,7 @@ TEST_P(IntPathTest, ZeroActivationsGiveZero) {
 INSTANTIATE_TEST_SUITE_P(Sets, IntPathTest, ::testing::Values("generic", "avx2", "avx512"));
 
 // The kernel sets give the same bits for every format (the reference order is exact integers and
-// the same f32 steps). The token counts give whole multi-token tiles of every set (AVX2 3 and 4,
+// the same f32 steps). The token counts give whole multi-token tiles of every set (AVX2 4,
 // AVX-512 6 and 8) and every leftover width; 9 rows: whole row tiles (2 and 4) and leftovers.
 TEST(IntPathSets, AllKernelSetsAgreeBitForBit) {
   const std::string previous = kernel_isa();
