@@ -50,16 +50,17 @@ struct VnniDot {
     return _mm256_maskz_mov_epi8(static_cast<__mmask32>(bits), simd::mask8(v));
   }
 
-  // The legacy formats take tiles of row pairs (simd::tile calls this for even R).
+  // The legacy formats take tiles of row pairs (through simd::qdot_pairs).
   static constexpr bool kRowPairs = true;
+  // corr: the signed formats' offset corrections of every token and block (simd::qdot_pairs).
   template <class W, int R, int T>
   static void tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
-                                int64_t t0, float* y, int64_t y_stride);
+                                int64_t t0, const int32_t* corr, float* y, int64_t y_stride);
   // And the K-quants but Q2_K (kQ2Min): Q4_K and Q5_K, and Q3_K and Q6_K in their float
   // sub-scale form.
   template <class W, int R, int T>
   static void tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
-                                int64_t t0, float* y, int64_t y_stride);
+                                int64_t t0, const int32_t* corr, float* y, int64_t y_stride);
 };
 
 // Lanes 0-7 = lane a of v, lanes 8-15 = lane b.
@@ -75,11 +76,18 @@ inline __m256 high_half(__m512 v) {
 inline __m512i halves(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
-// simd::neg_offset_sums on a 512-bit vector.
-inline __m512i neg_offset_sums512(int offset, __m512i xq) {
-  return _mm512_sub_epi32(
-      _mm512_setzero_si512(),
-      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(static_cast<char>(offset)), xq));
+// The start of a (row pair, token, block)'s dot product: for a signed format (offset form, as in
+// simd::tile_legacy) the token's offset correction from simd::qdot_pairs' table, in both halves
+// (a load, where computing it in the tile kept one register per token and cost a third of the
+// tile's dot products); zero for the unsigned formats.
+template <class W>
+inline __m512i start(const int32_t* corr, int64_t token_block) {
+  if constexpr (W::kSigned) {
+    return _mm512_broadcast_i64x4(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(corr + token_block * 8)));
+  } else {
+    return _mm512_setzero_si512();
+  }
 }
 
 // simd::tile_legacy with two rows in one 512-bit vector: lanes 0-7 are row 2p's eight lanes,
@@ -91,7 +99,7 @@ inline __m512i neg_offset_sums512(int offset, __m512i xq) {
 // broadcast from memory) on the same two rows; the activations come broadcast to both halves.
 template <class W, int R, int T>
 void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
-                                int64_t t0, float* y, int64_t y_stride) {
+                                int64_t t0, const int32_t* corr, float* y, int64_t y_stride) {
   static_assert(R % 2 == 0 && R <= 4);
   constexpr int P = R / 2;
   const int64_t nb = x.n / kQK;
@@ -111,29 +119,22 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
     // Pair p: lane 2 (2 p) of dm (d of row 2 p) in its low half, lane 2 (2 p + 1) in its high one.
     __m512 dpair[P];
     for (int p = 0; p < P; ++p) dpair[p] = two_lanes(_mm512_castps256_ps512(dm), 4 * p, 4 * p + 2);
-    __m512i xv[T], start[T];
-    float dx[T];
+    __m512i qu[P];
+    for (int p = 0; p < P; ++p)
+      qu[p] = halves(W::template ulevels<VnniDot>(unit + 2 * p * row_bytes),
+                     W::template ulevels<VnniDot>(unit + (2 * p + 1) * row_bytes));
+    // Token by token, so that a token's activations and start live only for its R rows.
     for (int t = 0; t < T; ++t) {
-      const int8_t* xq = x.q + (t0 + t) * x.n + b * kQK;
-      xv[t] = _mm512_broadcast_i64x4(simd::load256(xq));
-      // The offset form's start value (simd::neg_offset_sums), in both halves.
-      if constexpr (W::kSigned) {
-        start[t] = neg_offset_sums512(W::kOffset, xv[t]);
-      } else {
-        start[t] = _mm512_setzero_si512();
-      }
-      dx[t] = x.d[(t0 + t) * nb + b];
+      const __m512i xv = _mm512_broadcast_i64x4(simd::load256(x.q + (t0 + t) * x.n + b * kQK));
+      const __m512i st = start<W>(corr, (t0 + t) * nb + b);
+      const float dx = x.d[(t0 + t) * nb + b];
       if constexpr (W::kMin) {
-        const __m256 dmxt = _mm256_mul_ps(dm, _mm256_set1_ps(dx[t]));
+        const __m256 dmxt = _mm256_mul_ps(dm, _mm256_set1_ps(dx));
         am[t] = _mm256_fmadd_ps(dmxt, _mm256_set1_ps(x.sum32[(t0 + t) * nb + b]), am[t]);
       }
-    }
-    for (int p = 0; p < P; ++p) {
-      const __m512i qu = halves(W::template ulevels<VnniDot>(unit + 2 * p * row_bytes),
-                                W::template ulevels<VnniDot>(unit + (2 * p + 1) * row_bytes));
-      for (int t = 0; t < T; ++t) {
-        const __m512i s = _mm512_dpbusd_epi32(start[t], qu, xv[t]);
-        const __m512 scale = _mm512_mul_ps(dpair[p], _mm512_set1_ps(dx[t]));
+      for (int p = 0; p < P; ++p) {
+        const __m512i s = _mm512_dpbusd_epi32(st, qu[p], xv);
+        const __m512 scale = _mm512_mul_ps(dpair[p], _mm512_set1_ps(dx));
         as[p][t] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), as[p][t]);
       }
     }
@@ -156,7 +157,7 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
 // one 512-bit permute of both rows' sub-scales), and the mins run as in simd::tile.
 template <class W, int R, int T>
 void VnniDot::tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
-                                int64_t t0, float* y, int64_t y_stride) {
+                                int64_t t0, const int32_t* corr, float* y, int64_t y_stride) {
   static_assert(R % 2 == 0 && R <= 4 && !(W::kMin && W::kSub16));
   static_assert(!W::kSub16 || W::kSigned);
   constexpr int P = R / 2;
@@ -184,41 +185,39 @@ void VnniDot::tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const Qu
 #pragma GCC unroll 8
     for (int jb = 0; jb < W::kBlocks; ++jb) {
       const int64_t b = u * W::kBlocks + jb;
-      __m512i xv[T], start[T];
-      float dxs[T];
-      for (int t = 0; t < T; ++t) {
-        xv[t] = _mm512_broadcast_i64x4(simd::load256(x.q + (t0 + t) * x.n + b * kQK));
-        if constexpr (W::kSigned) start[t] = neg_offset_sums512(W::kOffset, xv[t]);
-        else start[t] = _mm512_setzero_si512();
-        dxs[t] = x.d[(t0 + t) * nb + b];
-        if constexpr (W::kMin) {
-          const __m128 dx = _mm_set1_ps(dxs[t]);
-          const __m128 mnx =
-              _mm_mul_ps(_mm_load_ps(sc.mnf[jb]), _mm_set1_ps(x.sum32[(t0 + t) * nb + b]));
-          am[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_load_ps(sc.m[jb]), dx), mnx, am[t]);
-        }
-      }
       const __m512 dsc = _mm512_castps128_ps512(_mm_load_ps(sc.dsc[jb]));
+      __m512i qu[P];
+      __m512 dpair[P], scv[P];
       for (int p = 0; p < P; ++p) {
         const std::byte* u0 = w + 2 * p * row_bytes + u * W::kBytes;
-        __m512i qu;
-        if constexpr (W::kSigned) qu = halves(W::ulevels(u0, jb), W::ulevels(u0 + row_bytes, jb));
-        else qu = halves(W::levels(u0, jb), W::levels(u0 + row_bytes, jb));
-        const __m512 dpair = two_lanes(dsc, 2 * p, 2 * p + 1);
-        __m512 scv;
+        if constexpr (W::kSigned) qu[p] = halves(W::ulevels(u0, jb), W::ulevels(u0 + row_bytes, jb));
+        else qu[p] = halves(W::levels(u0, jb), W::levels(u0 + row_bytes, jb));
+        dpair[p] = two_lanes(dsc, 2 * p, 2 * p + 1);
         if constexpr (W::kSub16) {
           // Lanes 0-3 and 4-7: row 2 p's sub-scales 2 jb and 2 jb + 1; lanes 8-15 row 2 p + 1's.
           const __m512i pick = _mm512_setr_epi32(
               2 * jb, 2 * jb, 2 * jb, 2 * jb, 2 * jb + 1, 2 * jb + 1, 2 * jb + 1, 2 * jb + 1,
               16 + 2 * jb, 16 + 2 * jb, 16 + 2 * jb, 16 + 2 * jb, 17 + 2 * jb, 17 + 2 * jb,
               17 + 2 * jb, 17 + 2 * jb);
-          scv = _mm512_permutex2var_ps(_mm512_load_ps(scf[2 * p]), pick,
-                                       _mm512_load_ps(scf[2 * p + 1]));
+          scv[p] = _mm512_permutex2var_ps(_mm512_load_ps(scf[2 * p]), pick,
+                                          _mm512_load_ps(scf[2 * p + 1]));
         }
-        for (int t = 0; t < T; ++t) {
-          __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start[t], qu, xv[t]));
-          if constexpr (W::kSub16) f = _mm512_mul_ps(f, scv);
-          const __m512 scale = _mm512_mul_ps(dpair, _mm512_set1_ps(dxs[t]));
+      }
+      // Token by token, as in tile_legacy_pairs.
+      for (int t = 0; t < T; ++t) {
+        const __m512i xv = _mm512_broadcast_i64x4(simd::load256(x.q + (t0 + t) * x.n + b * kQK));
+        const __m512i st = start<W>(corr, (t0 + t) * nb + b);
+        const float dxs = x.d[(t0 + t) * nb + b];
+        if constexpr (W::kMin) {
+          const __m128 dx = _mm_set1_ps(dxs);
+          const __m128 mnx =
+              _mm_mul_ps(_mm_load_ps(sc.mnf[jb]), _mm_set1_ps(x.sum32[(t0 + t) * nb + b]));
+          am[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_load_ps(sc.m[jb]), dx), mnx, am[t]);
+        }
+        for (int p = 0; p < P; ++p) {
+          __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(st, qu[p], xv));
+          if constexpr (W::kSub16) f = _mm512_mul_ps(f, scv[p]);
+          const __m512 scale = _mm512_mul_ps(dpair[p], _mm512_set1_ps(dxs));
           as[p][t] = _mm512_fmadd_ps(scale, f, as[p][t]);
         }
       }

@@ -440,15 +440,9 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
   if constexpr (W::kBlocks == 1) {
     // Several tokens only: one token's blocks are the matrix-vector product, memory-bound,
     // where the 256-bit form was measured faster (kernel_bench matvec, Q5_0: 26.8 against 33.6 us).
-    if constexpr (Dot::kRowPairs && R % 2 == 0 && T > 1) {
-      return Dot::template tile_legacy_pairs<W, R, T>(w, row_bytes, x, t0, y, y_stride);
-    }
     return tile_legacy<Dot, W, R, T>(w, row_bytes, x, t0, y, y_stride);
   } else {
     constexpr bool kQ2Min = W::kMin && W::kSub16;  // Q2_K: an integer min sum per half
-    if constexpr (Dot::kRowPairs && R % 2 == 0 && T > 1 && !kQ2Min) {
-      return Dot::template tile_kquant_pairs<W, R, T>(w, row_bytes, x, t0, y, y_stride);
-    }
     // The sub-16 formats under VNNI: the lane sum T_j = sum q * xq comes from dpbusd on the
     // unsigned levels (offset form, as in tile_legacy), and S_j = sc * T_j from one f32 product
     // with the sub-scale, exact because |sc * T_j| < 2^24 for every one of these formats (Q6_K:
@@ -626,6 +620,43 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
   return r0;
 }
 
+// A set with row-pair tiles (VNNI: Dot::tile_legacy_pairs, tile_kquant_pairs) takes its R x T
+// tiles here; returns the rows done (a multiple of R). A signed format's offset corrections
+// (neg_offset_sums of each token and block) are made once per call into a table.
+template <class Dot, class W, int R, int T>
+int64_t qdot_pairs(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
+                   int64_t nt, float* y, int64_t y_stride) {
+  static_assert(R % 2 == 0 && T > 1);
+  const int32_t* corr = nullptr;
+  if constexpr (W::kSigned) {
+    const int64_t nb = x.n / kQK;
+    thread_local std::vector<int32_t> buf;
+    buf.resize(static_cast<size_t>(nt * nb * 8 + 8));
+    int32_t* const c = reinterpret_cast<int32_t*>(
+        (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+    for (int64_t t = 0; t < nt; ++t)
+      for (int64_t b = 0; b < nb; ++b)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(c + (t * nb + b) * 8),
+                           neg_offset_sums<Dot>(W::kOffset, load256(x.q + t * x.n + b * kQK)));
+    corr = c;
+  }
+  int64_t r0 = 0;
+  for (; r0 + R <= nr; r0 += R) {
+    const std::byte* wr = w + r0 * row_bytes;
+    int64_t t = 0;
+    for (; t + T <= nt; t += T) {
+      if constexpr (W::kBlocks == 1)
+        Dot::template tile_legacy_pairs<W, R, T>(wr, row_bytes, x, t, corr, y + t * y_stride + r0,
+                                                 y_stride);
+      else
+        Dot::template tile_kquant_pairs<W, R, T>(wr, row_bytes, x, t, corr, y + t * y_stride + r0,
+                                                 y_stride);
+    }
+    for (; t < nt; ++t) tile<Dot, W, R, 1>(wr, row_bytes, x, t, y + t * y_stride + r0, y_stride);
+  }
+  return r0;
+}
+
 // Decode (one token) reads one row at a time: a matrix's rows lie one after another, so its
 // bytes are read as one sequential stream, which the hardware prefetcher follows (four rows side
 // by side, four streams, measured 35-45% slower on Zen 4: SmolLM2 Q8_0 decode 115-130 against
@@ -645,6 +676,8 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
   int64_t r = 0;
   if constexpr (kScaleTables<Dot, W>) {
     r = qdot_tabled<Dot, W, R, T>(w, row_bytes, nr, x, nt, y, y_stride);
+  } else if constexpr (Dot::kRowPairs && !(W::kMin && W::kSub16)) {  // not Q2_K
+    r = qdot_pairs<Dot, W, R, T>(w, row_bytes, nr, x, nt, y, y_stride);
   } else {
     for (; r + R <= nr; r += R) {
       const std::byte* wr = w + r * row_bytes;
