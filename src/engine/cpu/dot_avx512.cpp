@@ -234,6 +234,9 @@ constexpr MicroFn kMicroFns[4][6] = {
 };
 
 struct Avx512Block {
+  // One chunk for 1536 columns (4 f16 rows and 6 f32 activation rows: 48 KiB, from L1 and L2):
+  // 2048 measured 5-15% faster than 1024 on 576x1536 and level on 4096x4096.
+  static constexpr int64_t kMaxChunk = 2048;
   static constexpr int kMicroRows = 4;
   static constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weights + 1 activation of 32 zmm
   static constexpr int kReduceRows = 16;

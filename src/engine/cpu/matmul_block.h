@@ -2,11 +2,11 @@
 // shared by dot_avx512.cpp and dot_avx2.cpp, which include it under their own target flags and
 // give it their micro-kernels (internal linkage, as vec_simd.h).
 //
-// Rows go in blocks of kBlockRows. K is cut into equal chunks of at most kMaxChunk elements (one
-// for 576 columns, two for 1536, four for 4096: fewer chunks, fewer trips of the accumulators
-// through memory); for each chunk, micro-kernels of K::kMicroRows rows x K::kMicroTokens tokens
-// run over the weights and the tokens' activations, the row group's weights staying in L1 while
-// the tokens pass. The micro-kernels read the weights where they lie and widen them to f32 as
+// Rows go in blocks of kBlockRows. K is cut into equal chunks of at most K::kMaxChunk elements
+// (fewer chunks, fewer trips of the accumulators through memory, as long as a chunk's weights
+// and activations stay in cache); for each chunk, micro-kernels of K::kMicroRows rows x
+// K::kMicroTokens tokens run over the weights and the tokens' activations, the row group's
+// weights staying in L1 while the tokens pass. The micro-kernels read the weights where they lie and widen them to f32 as
 // they load (a widening load costs no more than a plain one there, and an f16 or bf16 row takes
 // half the cache of an f32 copy; a converted f32 panel measured slower). Per (row, token) the
 // 16-lane accumulator (a0 in lanes 0-7, a1 in 8-15) lives in a thread-local array between
@@ -14,6 +14,7 @@
 // in tile(); the tails and the horizontal sum are tile()'s epilogue.
 //
 // K supplies:
+//   kMaxChunk            the longest K chunk
 //   micro<W>(mr, mt)     the micro-kernel for mr <= kMicroRows rows and mt <= kMicroTokens
 //                        tokens: MicroFn(w, row_bytes, k0, kc, x, x_stride, acc, acc_stride)
 //                        adds elements [k0, k0 + kc) of rows w, w + row_bytes, ... against
@@ -35,7 +36,6 @@ namespace cleave::cpu::detail {
 namespace {
 
 constexpr int64_t kBlockRows = 16;
-constexpr int64_t kMaxChunk = 1024;
 // A multiple of both sets' micro-kernel widths (3 and 6 tokens); it bounds the accumulator array
 // to kBlockRows x 48 x 64 B. 48 measured faster than 64 and no slower than 32 (prefill, Zen 4).
 constexpr int64_t kTokenGroup = 48;
@@ -53,7 +53,7 @@ template <class K, class W>
 void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
                   int64_t x_stride, int64_t nt, int64_t n, float* y, int64_t y_stride) {
   const int64_t n16 = n & ~int64_t{15};
-  const int64_t n_chunks = std::max<int64_t>(1, (n16 + kMaxChunk - 1) / kMaxChunk);
+  const int64_t n_chunks = std::max<int64_t>(1, (n16 + K::kMaxChunk - 1) / K::kMaxChunk);
   const int64_t kChunk = std::max<int64_t>(16, ((n16 + n_chunks - 1) / n_chunks + 15) / 16 * 16);
   const int64_t tg_max = std::min(nt, kTokenGroup);
   std::vector<float>& acc_store = block_acc();
