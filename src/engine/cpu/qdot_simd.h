@@ -563,8 +563,9 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
   // Token tables, then the row group's, each entry 8 lanes; 32-byte aligned.
   const int64_t n_tok = (W::kMin ? 2 : 1) * tiles * nb * 8, n_row = (W::kMin ? 3 : 1) * nb * 8;
   const int64_t n_sc16 = W::kSub16 ? nu * R * 8 : 0;  // 16 int16 an entry, in floats' room
-  thread_local std::vector<float> buf;
-  buf.assign(static_cast<size_t>(n_tok + n_row + n_sc16 + 8), 0.0f);
+  thread_local std::vector<float> buf;  // every lane read is written below
+  if (buf.size() < static_cast<size_t>(n_tok + n_row + n_sc16 + 8))
+    buf.resize(static_cast<size_t>(n_tok + n_row + n_sc16 + 8));
   float* const xd = reinterpret_cast<float*>(
       (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
   float* const xs = xd + tiles * nb * 8;
@@ -573,40 +574,59 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
   float* const rmn = rm + nb * 8;
   int16_t* const sc16 = reinterpret_cast<int16_t*>(rd + n_row);
   const RowTabs rt{rd, rm, rmn, sc16};
+  // Lane t * R + r of an entry takes lane t of a per-token vector, or lane r (k r for the legacy
+  // formats' dm_of, whose lanes alternate d and m) of a per-row one.
+  static_assert(R * T == 8 && T <= 4);
+  alignas(32) int32_t tok[8], row[8], row_d[8], row_m[8];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      tok[t * R + r] = t;
+      row[t * R + r] = r;
+      row_d[t * R + r] = 2 * r;
+      row_m[t * R + r] = 2 * r + 1;
+    }
+  const __m256i tok_i = _mm256_load_si256(reinterpret_cast<const __m256i*>(tok));
+  const __m256i row_i = _mm256_load_si256(reinterpret_cast<const __m256i*>(row));
+  const __m256i row_di = _mm256_load_si256(reinterpret_cast<const __m256i*>(row_d));
+  const __m256i row_mi = _mm256_load_si256(reinterpret_cast<const __m256i*>(row_m));
+  auto spread = [](const float* v4, __m256i idx) {
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(v4)), idx);
+  };
   for (int64_t i = 0; i < tiles; ++i)
-    for (int64_t b = 0; b < nb; ++b)
-      for (int t = 0; t < T; ++t)
-        for (int r = 0; r < R; ++r) {
-          const int64_t lane = (i * nb + b) * 8 + t * R + r, src = (i * T + t) * nb + b;
-          xd[lane] = x.d[src];
-          if constexpr (W::kMin) xs[lane] = x.sum32[src];
-        }
+    for (int64_t b = 0; b < nb; ++b) {
+      alignas(16) float d4[4] = {}, s4[4] = {};
+      for (int t = 0; t < T; ++t) {
+        d4[t] = x.d[(i * T + t) * nb + b];
+        if constexpr (W::kMin) s4[t] = x.sum32[(i * T + t) * nb + b];
+      }
+      _mm256_store_ps(xd + (i * nb + b) * 8, spread(d4, tok_i));
+      if constexpr (W::kMin) _mm256_store_ps(xs + (i * nb + b) * 8, spread(s4, tok_i));
+    }
   int64_t r0 = 0;
   for (; r0 + R <= nr; r0 += R) {
     const std::byte* wr = w + r0 * row_bytes;
     for (int64_t u = 0; u < nu; ++u) {
-      Scales sc{};
-      for (int r = 0; r < R; ++r) {
-        const std::byte* unit = wr + r * row_bytes + u * W::kBytes;
-        if constexpr (W::kBlocks > 1) {
-          W::scales(unit, sc, r);
+      if constexpr (W::kBlocks == 1) {
+        const __m256 dm = dm_of<R>(wr + u * W::kBytes, row_bytes);
+        _mm256_store_ps(rd + u * 8, _mm256_permutevar8x32_ps(dm, row_di));
+        if constexpr (W::kMin) {
+          _mm256_store_ps(rm + u * 8, _mm256_permutevar8x32_ps(dm, row_mi));
+          _mm256_store_ps(rmn + u * 8, _mm256_set1_ps(1.0f));
+        }
+      } else {
+        Scales sc{};
+        for (int r = 0; r < R; ++r) {
+          W::scales(wr + r * row_bytes + u * W::kBytes, sc, r);
           if constexpr (W::kSub16) {
             _mm256_store_si256(reinterpret_cast<__m256i*>(sc16 + (u * R + r) * 16), sc.sc16[r]);
           }
         }
         for (int jb = 0; jb < W::kBlocks; ++jb) {
-          float d, m = 0.0f, mn = 1.0f;
-          if constexpr (W::kBlocks == 1) {
-            d = f16(unit);
-            if constexpr (W::kMin) m = f16(unit + 2);
-          } else {
-            d = sc.dsc[jb][r];
-            if constexpr (W::kMin) m = sc.m[jb][r], mn = sc.mnf[jb][r];
-          }
-          for (int t = 0; t < T; ++t) {
-            const int64_t lane = (u * W::kBlocks + jb) * 8 + t * R + r;
-            rd[lane] = d;
-            if constexpr (W::kMin) rm[lane] = m, rmn[lane] = mn;
+          const int64_t e = (u * W::kBlocks + jb) * 8;
+          _mm256_store_ps(rd + e, spread(sc.dsc[jb], row_i));
+          if constexpr (W::kMin) {
+            _mm256_store_ps(rm + e, spread(sc.m[jb], row_i));
+            _mm256_store_ps(rmn + e, spread(sc.mnf[jb], row_i));
           }
         }
       }
