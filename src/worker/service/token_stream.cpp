@@ -18,8 +18,11 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
  public:
   enum class Kind : uint8_t { kGenerate, kDecode };
 
-  TokenStreamCall(TokenStreamPump& pump, grpc::CallbackServerContext* ctx, Kind kind, RequestId id)
-      : pump_(pump), core_(pump.core()), ctx_(ctx), kind_(kind), id_(id), start_(Clock::now()) {
+  // The call never touches its grpc::CallbackServerContext: gRPC may free it as soon as OnDone
+  // has run, while the engine's callback or the pump still hold the call. Cancellation arrives
+  // through OnCancel (client_gone_).
+  TokenStreamCall(TokenStreamPump& pump, Kind kind, RequestId id)
+      : pump_(pump), core_(pump.core()), kind_(kind), id_(id), start_(Clock::now()) {
     core_.calls_in_flight.fetch_add(1);
   }
 
@@ -257,11 +260,13 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
   bool poll_kv() {
     using Outcome = ReservationTable::Outcome;
     ReservationTable::Claim claim;
+    bool gone = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       claim = claim_;
+      gone = client_gone_;
     }
-    const auto taken = core_.reservations.poll(id_, claim, ctx_->IsCancelled());
+    const auto taken = core_.reservations.poll(id_, claim, gone);
     if (!taken) return true;
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -327,11 +332,12 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
       (void)core_.engine->release_reservation(id_);
       return false;
     }
-    // A client that left meanwhile: cancel the request just submitted.
-    bool gone = ctx_->IsCancelled();
+    // A client that left meanwhile: cancel the request just submitted. (Once submitted, the
+    // request's events may end the call on a gRPC thread at any moment, and gRPC then frees
+    // the context: the flag is what may be read here.)
     {
       std::lock_guard<std::mutex> lk(mu_);
-      gone = gone || client_gone_;
+      gone = client_gone_;
     }
     if (gone) client_went_away();
     return false;
@@ -339,7 +345,6 @@ class TokenStreamCall final : public grpc::ServerWriteReactor<v1::TokenEvent>,
 
   TokenStreamPump& pump_;
   WorkerCore& core_;
-  grpc::CallbackServerContext* const ctx_;
   const Kind kind_;
   const RequestId id_;
   const Clock::time_point start_;
@@ -448,9 +453,9 @@ void TokenStreamPump::loop() {
 }
 
 grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
-                                                         grpc::CallbackServerContext* ctx,
+                                                         grpc::CallbackServerContext* /*ctx*/,
                                                          const v1::GenerateRequest* req) {
-  auto call = std::make_shared<TokenStreamCall>(pump, ctx, TokenStreamCall::Kind::kGenerate,
+  auto call = std::make_shared<TokenStreamCall>(pump, TokenStreamCall::Kind::kGenerate,
                                                 req->request_id());
   call->adopt();
   call->guarded([&] {
@@ -474,10 +479,10 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
 }
 
 grpc::ServerWriteReactor<v1::TokenEvent>* start_decode(TokenStreamPump& pump,
-                                                       grpc::CallbackServerContext* ctx,
+                                                       grpc::CallbackServerContext* /*ctx*/,
                                                        const v1::DecodeRequest* req) {
   using Outcome = ReservationTable::Outcome;
-  auto call = std::make_shared<TokenStreamCall>(pump, ctx, TokenStreamCall::Kind::kDecode,
+  auto call = std::make_shared<TokenStreamCall>(pump, TokenStreamCall::Kind::kDecode,
                                                 req->request_id());
   call->adopt();
   call->guarded([&] {
