@@ -124,9 +124,9 @@ grpc::ServerUnaryReactor* WorkerRpcs::Release(grpc::CallbackServerContext* ctx,
   });
 }
 
-grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Decode(grpc::CallbackServerContext* ctx,
+grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Decode(grpc::CallbackServerContext* /*ctx*/,
                                                              const v1::DecodeRequest* req) {
-  return start_decode(pump_, ctx, req);
+  return start_decode(pump_, req);
 }
 
 }  // namespace cleave::worker_service

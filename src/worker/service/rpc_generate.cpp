@@ -4,9 +4,9 @@
 
 namespace cleave::worker_service {
 
-grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Generate(grpc::CallbackServerContext* ctx,
+grpc::ServerWriteReactor<v1::TokenEvent>* WorkerRpcs::Generate(grpc::CallbackServerContext* /*ctx*/,
                                                                const v1::GenerateRequest* req) {
-  return start_generate(pump_, ctx, req);
+  return start_generate(pump_, req);
 }
 
 }  // namespace cleave::worker_service

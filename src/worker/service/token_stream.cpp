@@ -453,7 +453,6 @@ void TokenStreamPump::loop() {
 }
 
 grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
-                                                         grpc::CallbackServerContext* /*ctx*/,
                                                          const v1::GenerateRequest* req) {
   auto call = std::make_shared<TokenStreamCall>(pump, TokenStreamCall::Kind::kGenerate,
                                                 req->request_id());
@@ -479,7 +478,6 @@ grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
 }
 
 grpc::ServerWriteReactor<v1::TokenEvent>* start_decode(TokenStreamPump& pump,
-                                                       grpc::CallbackServerContext* /*ctx*/,
                                                        const v1::DecodeRequest* req) {
   using Outcome = ReservationTable::Outcome;
   auto call = std::make_shared<TokenStreamCall>(pump, TokenStreamCall::Kind::kDecode,

@@ -65,12 +65,12 @@ class TokenStreamPump {
 };
 
 // Starts the reactor of a Generate (unified workers) or a Decode (decode workers); what the
-// callback service's method returns.
+// callback service's method returns. The reactor never reads the call's
+// grpc::CallbackServerContext (gRPC may free it once OnDone has run, while the engine's callback
+// or the pump still hold the reactor): cancellation reaches it through OnCancel.
 grpc::ServerWriteReactor<v1::TokenEvent>* start_generate(TokenStreamPump& pump,
-                                                         grpc::CallbackServerContext* ctx,
                                                          const v1::GenerateRequest* request);
 grpc::ServerWriteReactor<v1::TokenEvent>* start_decode(TokenStreamPump& pump,
-                                                       grpc::CallbackServerContext* ctx,
                                                        const v1::DecodeRequest* request);
 
 }  // namespace cleave::worker_service
