@@ -6,12 +6,13 @@
 // (fewer chunks, fewer trips of the accumulators through memory, as long as a chunk's weights
 // and activations stay in cache); for each chunk, micro-kernels of K::kMicroRows rows x
 // K::kMicroTokens tokens run over the weights and the tokens' activations, the row group's
-// weights staying in L1 while the tokens pass. The micro-kernels read the weights where they lie and widen them to f32 as
-// they load (a widening load costs no more than a plain one there, and an f16 or bf16 row takes
-// half the cache of an f32 copy; a converted f32 panel measured slower). Per (row, token) the
-// 16-lane accumulator (a0 in lanes 0-7, a1 in 8-15) lives in a thread-local array between
-// chunks (storing and reloading is exact) and sees the 16-element chunks in increasing order, as
-// in tile(); the tails and the horizontal sum are tile()'s epilogue.
+// weights staying in L1 while the tokens pass. The micro-kernels read the weights where they
+// lie and widen them to f32 as they load (a widening load costs no more than a plain one there,
+// and an f16 or bf16 row takes half the cache of an f32 copy; a converted f32 panel measured
+// slower). Per (row, token) the 16-lane accumulator (a0 in lanes 0-7, a1 in 8-15) lives in a
+// thread-local array between chunks (storing and reloading is exact) and sees the 16-element
+// chunks in increasing order, as in tile(); the tails and the horizontal sum are tile()'s
+// epilogue.
 //
 // K supplies:
 //   kMaxChunk            the longest K chunk

@@ -352,7 +352,8 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
 // with the scale work done once per block for the whole R x T tile (R * T <= 8), from tables in
 // which lane t * R + r of a block's entry belongs to row r and token t:
 //   per row group (RowTabs): d (the block's d, or d * sc for the K-quants without sub-scales),
-//     with a min m and mn (float(mn); 1 for the legacy formats, whose min term is m * dx * X),
+//     with a min m and, for the K-quants, mn (float(mn); the legacy formats' min term is
+//     m * dx * X),
 //     and for the sub-16 formats each unit's int16 sub-scales per row;
 //   per token tile, built once per call: dx and, with a min, X (the block's level sum).
 // A block's products d_r * dx_t are then one multiply and its min terms one fma, the same f32
@@ -361,6 +362,15 @@ inline void tile_legacy(const std::byte* w, uint64_t row_bytes, const QuantActs&
 // them in a standalone loop on Zen 4.
 template <class Dot, class W>
 constexpr bool kScaleTables = !Dot::kFusedAcc && !(W::kMin && W::kSub16);
+
+// A thread's scratch table of at least n elements, 32-byte aligned for vector loads and stores;
+// its contents are whatever the last call left.
+template <class E>
+E* aligned_scratch(std::vector<E>& buf, int64_t n) {
+  const size_t need = static_cast<size_t>(n) + 32 / sizeof(E);
+  if (buf.size() < need) buf.resize(need);
+  return reinterpret_cast<E*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+}
 
 struct RowTabs {
   const float* d;
@@ -398,7 +408,9 @@ inline void tile_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
       alignas(32) float sdx[8];
       _mm256_store_ps(sdx, _mm256_mul_ps(_mm256_load_ps(rt.d + 8 * b), dx));
       if constexpr (W::kMin) {
-        const __m256 mnx = _mm256_mul_ps(_mm256_load_ps(rt.mn + 8 * b), _mm256_load_ps(xs + 8 * b));
+        const __m256 xsum = _mm256_load_ps(xs + 8 * b);
+        const __m256 mnx =
+            W::kBlocks == 1 ? xsum : _mm256_mul_ps(_mm256_load_ps(rt.mn + 8 * b), xsum);
         am = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(rt.m + 8 * b), dx), mnx, am);
       }
       __m256i xv[T];
@@ -438,8 +450,6 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
                  float* y, int64_t y_stride) {
   static_assert(R <= 4);
   if constexpr (W::kBlocks == 1) {
-    // Several tokens only: one token's blocks are the matrix-vector product, memory-bound,
-    // where the 256-bit form was measured faster (kernel_bench matvec, Q5_0: 26.8 against 33.6 us).
     return tile_legacy<Dot, W, R, T>(w, row_bytes, x, t0, y, y_stride);
   } else {
     constexpr bool kQ2Min = W::kMin && W::kSub16;  // Q2_K: an integer min sum per half
@@ -563,11 +573,8 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
   // Token tables, then the row group's, each entry 8 lanes; 32-byte aligned.
   const int64_t n_tok = (W::kMin ? 2 : 1) * tiles * nb * 8, n_row = (W::kMin ? 3 : 1) * nb * 8;
   const int64_t n_sc16 = W::kSub16 ? nu * R * 8 : 0;  // 16 int16 an entry, in floats' room
-  thread_local std::vector<float> buf;  // every lane read is written below
-  if (buf.size() < static_cast<size_t>(n_tok + n_row + n_sc16 + 8))
-    buf.resize(static_cast<size_t>(n_tok + n_row + n_sc16 + 8));
-  float* const xd = reinterpret_cast<float*>(
-      (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+  thread_local std::vector<float> buf;
+  float* const xd = aligned_scratch(buf, n_tok + n_row + n_sc16);  // every lane read is written
   float* const xs = xd + tiles * nb * 8;
   float* const rd = xd + n_tok;
   float* const rm = rd + nb * 8;
@@ -609,10 +616,7 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
       if constexpr (W::kBlocks == 1) {
         const __m256 dm = dm_of<R>(wr + u * W::kBytes, row_bytes);
         _mm256_store_ps(rd + u * 8, _mm256_permutevar8x32_ps(dm, row_di));
-        if constexpr (W::kMin) {
-          _mm256_store_ps(rm + u * 8, _mm256_permutevar8x32_ps(dm, row_mi));
-          _mm256_store_ps(rmn + u * 8, _mm256_set1_ps(1.0f));
-        }
+        if constexpr (W::kMin) _mm256_store_ps(rm + u * 8, _mm256_permutevar8x32_ps(dm, row_mi));
       } else {
         Scales sc{};
         for (int r = 0; r < R; ++r) {
@@ -641,7 +645,9 @@ int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qu
 }
 
 // A set with row-pair tiles (VNNI: Dot::tile_legacy_pairs, tile_kquant_pairs) takes its R x T
-// tiles here; returns the rows done (a multiple of R). A signed format's offset corrections
+// tiles here; returns the rows done (a multiple of R). Several tokens only: one token's blocks
+// are the matrix-vector product, memory-bound, where the 256-bit tile() was measured faster
+// (kernel_bench matvec, Q5_0: 26.8 against 33.6 us). A signed format's offset corrections
 // (neg_offset_sums of each token and block) are made once per call into a table.
 template <class Dot, class W, int R, int T>
 int64_t qdot_pairs(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
@@ -651,9 +657,7 @@ int64_t qdot_pairs(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qua
   if constexpr (W::kSigned) {
     const int64_t nb = x.n / kQK;
     thread_local std::vector<int32_t> buf;
-    buf.resize(static_cast<size_t>(nt * nb * 8 + 8));
-    int32_t* const c = reinterpret_cast<int32_t*>(
-        (reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+    int32_t* const c = aligned_scratch(buf, nt * nb * 8);
     for (int64_t t = 0; t < nt; ++t)
       for (int64_t b = 0; b < nb; ++b)
         _mm256_store_si256(reinterpret_cast<__m256i*>(c + (t * nb + b) * 8),
