@@ -75,6 +75,16 @@ struct Scales {
   __m256i sc16[4];  // kSub16 formats: sub-scale i (of elements [16 i, 16 i + 16)) in int16 lane i
 };
 
+// One row's multipliers for a K-quant unit, block jb in lane jb (tile_k1): the same values as
+// Scales holds, vector by vector.
+struct UnitVec {
+  __m256 dsc;    // d * sc (d for the kSub16 formats)
+  __m256 m;      // with a min: m, the same in every lane
+  __m256 mnf;    // Q4_K, Q5_K: float(mn)
+  __m256i sc16;  // kSub16: the 16 int16 sub-scales in element order
+  __m256i mn16;  // Q2_K: the 16 int16 mins in element order
+};
+
 // --- legacy formats: one block a unit, no sub-scales -------------------------------------------
 
 struct Q4_0 {
@@ -140,6 +150,13 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
         _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))),
         _mm256_set1_epi16(0x0F));
   }
+  static inline void unit(const std::byte* u, UnitVec& v) {
+    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+    v.dsc = _mm256_set1_ps(f16(u + 80));
+    v.m = _mm256_set1_ps(-f16(u + 82));
+    v.sc16 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+    v.mn16 = _mm256_srli_epi16(bytes, 4);
+  }
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 4)), 2 * (jb % 4)), mask8(3));
   }
@@ -147,17 +164,28 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ3_K), kOffset = 4;
   static constexpr bool kSigned = true, kMin = false, kSub16 = true;
+  // The 16 6-bit sub-scales, minus 32, as int16: four 32-bit words, each four scales' low
+  // nibbles (bytes 0-7, low then high nibbles) with their two high bits from bytes 8-11.
+  static inline __m256i sub_scales(const std::byte* u) {
+    uint32_t a[3];
+    std::memcpy(a, u + 96, 12);
+    constexpr uint32_t k2 = 0x03030303u, k4 = 0x0f0f0f0fu;
+    const uint32_t s0 = (a[0] & k4) | ((a[2] & k2) << 4);
+    const uint32_t s1 = (a[1] & k4) | (((a[2] >> 2) & k2) << 4);
+    const uint32_t s2 = ((a[0] >> 4) & k4) | (((a[2] >> 4) & k2) << 4);
+    const uint32_t s3 = ((a[1] >> 4) & k4) | (((a[2] >> 6) & k2) << 4);
+    const __m128i b = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1),
+                                     static_cast<int>(s2), static_cast<int>(s3));
+    return _mm256_sub_epi16(_mm256_cvtepu8_epi16(b), _mm256_set1_epi16(32));
+  }
   static inline void scales(const std::byte* u, Scales& s, int r) {
-    const auto* sc = reinterpret_cast<const uint8_t*>(u + 96);
     const float d = f16(u + 108);
-    alignas(32) int16_t v[16];
-    for (int j = 0; j < 16; ++j) {
-      const int low = j < 8 ? sc[j] & 0x0F : sc[j - 8] >> 4;
-      const int high = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-      v[j] = static_cast<int16_t>((low | (high << 4)) - 32);
-    }
     for (int jb = 0; jb < 8; ++jb) s.dsc[jb][r] = d;
-    s.sc16[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(v));
+    s.sc16[r] = sub_scales(u);
+  }
+  static inline void unit(const std::byte* u, UnitVec& v) {
+    v.dsc = _mm256_set1_ps(f16(u + 108));
+    v.sc16 = sub_scales(u);
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     const __m256i low =
@@ -187,10 +215,25 @@ inline void scales_k4(const std::byte* u, Scales& s, int r) {
     s.mnf[j][r] = static_cast<float>(m);
   }
 }
+// The same multipliers for one row, eight blocks at once: the 6-bit scales and mins of blocks
+// 0-3 and 4-7 gathered into four 32-bit words (bytes q[0..11] as three little-endian words).
+inline void unit_k4(const std::byte* u, UnitVec& v) {
+  uint32_t a[3];
+  std::memcpy(a, u + 4, 12);
+  const uint32_t sc_lo = a[0] & 0x3f3f3f3fu, mn_lo = a[1] & 0x3f3f3f3fu;
+  const uint32_t sc_hi = (a[2] & 0x0f0f0f0fu) | (((a[0] >> 6) & 0x03030303u) << 4);
+  const uint32_t mn_hi = ((a[2] >> 4) & 0x0f0f0f0fu) | (((a[1] >> 6) & 0x03030303u) << 4);
+  const __m128i b = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi),
+                                   static_cast<int>(mn_lo), static_cast<int>(mn_hi));
+  v.dsc = _mm256_mul_ps(_mm256_set1_ps(f16(u)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+  v.m = _mm256_set1_ps(-f16(u + 2));
+  v.mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+}
 struct Q4_K {  // qs[128] @16
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ4_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
+  static inline void unit(const std::byte* u, UnitVec& v) { unit_k4(u, v); }
   static inline __m256i levels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 2)), 4 * (jb % 2)), mask8(0x0F));
   }
@@ -199,6 +242,7 @@ struct Q5_K {  // qh[32] @16, qs[128] @48
   static constexpr int kBlocks = 8, kBytes = sizeof(BlockQ5_K);
   static constexpr bool kSigned = false, kMin = true, kSub16 = false;
   static inline void scales(const std::byte* u, Scales& s, int r) { scales_k4(u, s, r); }
+  static inline void unit(const std::byte* u, UnitVec& v) { unit_k4(u, v); }
   static inline __m256i levels(const std::byte* u, int jb) {
     const __m256i low =
         _mm256_and_si256(srl16(load256(u + 48 + 32 * (jb / 2)), 4 * (jb % 2)), mask8(0x0F));
@@ -214,6 +258,10 @@ struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
     for (int jb = 0; jb < 8; ++jb) s.dsc[jb][r] = d;
     // Block jb = 4 half + k uses scales 8 half + 2 k + {0, 1} = 2 jb + {0, 1}: element order.
     s.sc16[r] = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
+  }
+  static inline void unit(const std::byte* u, UnitVec& v) {
+    v.dsc = _mm256_set1_ps(f16(u + 208));
+    v.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     const int half = jb / 4, k = jb % 4;
@@ -565,6 +613,83 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
   }
 }
 
+// One token against one row of a K-quant matrix (decode): tile<W, 1, 1>'s arithmetic with the
+// scale work of a unit done for its eight blocks at once. One vector product gives every block's
+// D = (d * sc) * dx (d * dx for the kSub16 formats) and, with a min, two give every block's
+// m * dx and mn * X (exact: float(mn * X), or for Q2_K float(mn0 * X0 + mn1 * X1) from one madd
+// of the int16 mins and half sums); the min sum then runs block after block as the reference's
+// scalar fma chain. Each block's lane sums are tile()'s. Against tile<W, 1, 1>, kernel_bench
+// --tokens 1, 1 thread, 4096x4096, AVX-512 VNNI on Zen 4: Q4_K 1557 -> 777 us, Q5_K 1569 -> 721,
+// Q6_K 1318 -> 789, Q3_K 1832 -> 1052, Q2_K 886 -> 637. The `as` and `am` chains (an fma per block
+// each) now bound it; two rows side by side, which would give the core two chains, ran 1.5-3x
+// slower there (two streams from memory), as they do for Q8_0 (qdot_format).
+template <class Dot, class W>
+inline void tile_k1(const std::byte* w, const QuantActs& x, int64_t t0, float* y) {
+  static_assert(W::kBlocks == 8);
+  constexpr bool kQ2Min = W::kMin && W::kSub16;
+  constexpr bool kFloatSub = W::kSub16 && W::kSigned && Dot::kFusedAcc;
+  const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
+  const int8_t* xq = x.q + t0 * x.n;
+  const float* xd = x.d + t0 * nb;
+  const float* xs = x.sum32 + t0 * nb;
+  const int16_t* x16 = x.sum16 + t0 * (x.n / 16);
+  __m256 as = _mm256_setzero_ps();
+  __m128 am = _mm_setzero_ps();
+  for (int64_t u = 0; u < nu; ++u) {
+    const std::byte* unit = w + u * W::kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes, _MM_HINT_T0);
+    if constexpr (W::kBytes > 64)
+      _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 64, _MM_HINT_T0);
+    if constexpr (W::kBytes > 128)
+      _mm_prefetch(reinterpret_cast<const char*>(unit) + kPrefetchBytes + 128, _MM_HINT_T0);
+    UnitVec v;
+    W::unit(unit, v);
+    const __m256 dx = _mm256_loadu_ps(xd + u * 8);
+    alignas(32) float dd[8], p1[8], p2[8];
+    _mm256_store_ps(dd, _mm256_mul_ps(v.dsc, dx));
+    if constexpr (W::kMin) {
+      _mm256_store_ps(p1, _mm256_mul_ps(v.m, dx));
+      if constexpr (kQ2Min) {
+        _mm256_store_ps(p2, _mm256_cvtepi32_ps(_mm256_madd_epi16(v.mn16, load256(x16 + u * 16))));
+      } else {
+        _mm256_store_ps(p2, _mm256_mul_ps(v.mnf, _mm256_loadu_ps(xs + u * 8)));
+      }
+    }
+    __m256 scf[2];  // kFloatSub: sub-scales 0-7 and 8-15 as f32
+    if constexpr (kFloatSub) {
+      scf[0] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v.sc16)));
+      scf[1] = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(v.sc16, 1)));
+    }
+#pragma GCC unroll 8
+    for (int jb = 0; jb < W::kBlocks; ++jb) {
+      const __m256i xv = load256(xq + (u * W::kBlocks + jb) * kQK);
+      __m256 sf;
+      if constexpr (kFloatSub) {
+        // Lanes 0-3 take sub-scale 2 jb, lanes 4-7 sub-scale 2 jb + 1 (element order).
+        const int k = 2 * (jb % 4);
+        const __m256 scv = _mm256_permutevar8x32_ps(
+            scf[jb / 4], _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1));
+        const __m256i corr = neg_offset_sums<Dot>(W::kOffset, xv);
+        sf = _mm256_mul_ps(_mm256_cvtepi32_ps(Dot::dot_acc(corr, W::ulevels(unit, jb), xv)), scv);
+      } else {
+        const __m256i qv = W::levels(unit, jb);
+        __m256i s;
+        if constexpr (W::kSub16) {
+          const __m256i au = W::kSigned ? _mm256_abs_epi8(qv) : qv;
+          const __m256i bv = W::kSigned ? _mm256_sign_epi8(xv, qv) : xv;
+          s = _mm256_madd_epi16(_mm256_maddubs_epi16(au, bv), block_sub_scales(v.sc16, jb));
+        } else {
+          s = Dot::dot(qv, xv);
+        }
+        sf = _mm256_cvtepi32_ps(s);
+      }
+      as = _mm256_fmadd_ps(_mm256_broadcast_ss(&dd[jb]), sf, as);
+      if constexpr (W::kMin) am = _mm_fmadd_ss(_mm_load_ss(&p1[jb]), _mm_load_ss(&p2[jb]), am);
+    }
+  }
+  *y = hsum(as) + (W::kMin ? _mm_cvtss_f32(am) : 0.0f);
+}
+
 // The R x T tiles of qdot_format through tile_tab; returns the rows done (a multiple of R).
 template <class Dot, class W, int R, int T>
 int64_t qdot_tabled(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
@@ -692,8 +817,10 @@ template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
   if (nt == 1) {
-    for (int64_t r = 0; r < nr; ++r)
-      tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
+    for (int64_t r = 0; r < nr; ++r) {
+      if constexpr (W::kBlocks == 8) tile_k1<Dot, W>(w + r * row_bytes, x, 0, y + r);
+      else tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
+    }
     return;
   }
   constexpr int R = Dot::kRows, T = W::kBlocks == 1 ? Dot::kTokens : Dot::kTokensK;
