@@ -5,19 +5,23 @@
 // - f32, f16, bf16: the weights are widened to f32 and multiplied with the f32 activations by
 //   fused multiply-adds: exact weights, no activation rounding, and no block scales to exploit.
 // - Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: the integer path, as the fastest
-//   CPU runtimes do it. Each token's activation row is quantised to 8 bits per 32-element block
-//   (f32 scale), and each weight block is multiplied with it in int8 x int8 -> int32 products,
-//   32 at a time (maddubs on AVX2, vpdpbusd on AVX-512 VNNI), one f32 multiply-add per 8 lanes
-//   and block. Unpacking a 4- or 5-bit block into 32 int8 levels costs a few shifts and masks;
-//   widening it to f32 costs four conversions and four multiplies more, and the f32 path then
-//   needs four FMAs where the integer one needs one or two instructions. Measured in L2
-//   (bench/kernel_bench), the integer path computes Q8_0 twice as fast as widening it to f32.
-//   Decode is bound by the weight bytes streamed, so the cheaper inner loop keeps it near the
-//   memory floor, and prefill is
-//   compute bound, where the integer products do twice the work per instruction. The
-//   activation's quantisation is per token, so it never depends on the batch; the error it adds
-//   is at most half a level of the block's scale per element (amax / 254). The kernel set is chosen at run time: AVX-512 (when
-// the CPU and OS support it), else AVX2+FMA+F16C, else a portable fallback. The AVX-512 set gives
+//   CPU runtimes do it. Each token's activation row is quantised to 8 bits (f32 scale) per
+//   32-element block for the legacy formats and per 256 elements for the K-quants (ggml's q8_K),
+//   and each weight block is multiplied with it in int8 x int8 -> int32 products, 32 at a time
+//   (maddubs on AVX2, vpdpbusd on AVX-512 VNNI). The legacy formats take one f32 multiply-add per
+//   8 lanes and block; the K-quants apply their sub-scales to the int16 pair sums in integers
+//   (madd, vpdpwssd on VNNI) and take one f32 multiply-add per 8 lanes and 256-element
+//   super-block (two with a min), which is what lets them run near the memory floor. Unpacking a 4- or 5-bit
+//   block into 32 int8 levels costs a few shifts and masks; widening it to f32 costs four
+//   conversions and four multiplies more, and the f32 path then needs four FMAs where the
+//   integer one needs one or two instructions. Measured in L2 (bench/kernel_bench), the integer
+//   path computes Q8_0 twice as fast as widening it to f32. Decode is bound by the weight bytes
+//   streamed, so the cheaper inner loop keeps it near the memory floor, and prefill is compute
+//   bound, where the integer products do twice the work per instruction. The activation's
+//   quantisation is per token, so it never depends on the batch; the error it adds is at most
+//   half a level of its group's scale per element (amax / 254).
+// The kernel set is chosen at run time: AVX-512 (when the CPU and OS support it), else
+// AVX2+FMA+F16C, else a portable fallback. The AVX-512 set gives
 // the AVX2 set's results bit for bit (src/engine/cpu/kernel_set.h).
 //
 // Batch invariance: the result of dot(row, x) depends only on the row, x and n -- never on how

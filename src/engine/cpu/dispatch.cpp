@@ -99,7 +99,8 @@ float dot_row(const TensorView& w, int64_t r, const float* x) {
   const detail::KernelSet& set = detail::active_kernels();
   float y = 0.0f;
   if (uses_int_path(w.dtype)) {
-    set.qdot(w.dtype, row, row_bytes, 1, detail::quantize_to_scratch(set, x, n, 1, n), 1, &y, 0);
+    set.qdot(w.dtype, row, row_bytes, 1,
+             detail::quantize_to_scratch(set, x, n, 1, n, detail::kernel_group(w.dtype)), 1, &y, 0);
     return y;
   }
   set.dot_tile[static_cast<size_t>(w.dtype)](row, row_bytes, 1, x, 0, 1, n, &y, 0);

@@ -52,37 +52,51 @@ using AxpyRowsFn = void (*)(float* y, const float* a, const float* rows, int64_t
                             int64_t n_rows, int64_t n);
 
 // The integer path (every block format, see uses_int_path() in cpu_kernels.h). The
-// activation row of each token is first quantised, per 32-element block b, to
-//   dx[b] = amax / 127 (f32),  xq[i] = nearbyint(x[i] * (1 / dx[b]))  (round half to even),
+// activation row of each token is first quantised, per group g of G elements (G = 32 for the
+// legacy formats, 256 for the K-quants: kernel_group()), to
+//   dx[g] = amax / 127 (f32),  xq[i] = nearbyint(x[i] * (1 / dx[g]))  (round half to even),
 // and each weight block is seen as value[i] = d * sc[i/16] * q[i] + m * mn[i/16] (IntBlock in
-// quants.h). Then, per (row, token), with an 8-lane f32 accumulator `as` and a scalar `am`, for
-// each block b in increasing order:
+// quants.h).
+// Legacy formats (one scale per 32-element block, sc = 1): per (row, token), with an 8-lane f32
+// accumulator `as` and a scalar `am`, for each block b in increasing order:
 //   S_j = sum_{k<4} q[4j+k] * xq[4j+k]  for lanes j < 8                  (exact, int32)
-//   formats with 16-element sub-scales (Q2_K, Q3_K, Q6_K, sub16_scales()):
-//       S_j = sc[j/4] * S_j,  D = d * dx[b]
-//   the others (one scale per 32 elements; sc = 1 for the legacy formats):
-//       D = (d * sc) * dx[b]                                               (f32, rounded twice)
-//   as_j = fma(D, float(S_j), as_j)
-//   formats with a min: am = fma(m * dx[b], float(mn[0] * X0 + mn[1] * X1), am), where X0 and X1
-//   are the sums of xq over the block's two halves (exact integers).
-// The result is the fixed horizontal sum of `as` above (8 -> 4 -> 2 -> 1 lanes), plus am. Every
-// quantity before the float steps is an exact integer below 2^24, so every kernel set gives the
-// same bits, whatever the tile.
+//   as_j = fma(d * dx[b], float(S_j), as_j)
+//   formats with a min: am = fma(m * dx[b], float(X), am), X the sum of xq over the block.
+// The result is the fixed horizontal sum of `as` (8 -> 4 -> 2 -> 1 lanes), plus am.
+// K-quants (256-element super-blocks, one activation scale each, as ggml's q8_K): per (row,
+// token), one 8-lane f32 accumulator `as`; for each super-block u in increasing order:
+//   I_j = sum over its eight 32-element blocks b and k < 4 of sc * q * xq at element
+//         32 b + 4 j + k                                    (exact, int32; any order)
+//   as_j = fma(d * dx[u], float(I_j), as_j)
+//   formats with a min: B_j = mn[2 j] * X16[2 j] + mn[2 j + 1] * X16[2 j + 1], with mn[i] and
+//     X16[i] the min and the xq sum of the super-block's i-th 16 elements (exact), and
+//     as_j = fma(m * dx[u], float(B_j), as_j)
+// The result is the fixed horizontal sum of `as`. float(I_j) may round (|I_j| < 2^25), the same
+// way on every set. The integer steps are exact and the f32 steps are the same on every kernel
+// set, so every set gives the same bits, whatever the tile.
 struct QuantActs {
   const int8_t* q;      // [n_tokens][n] levels
-  const float* d;       // [n_tokens][n / 32] block scales
+  const float* d;       // [n_tokens][n / group] group scales
   const int16_t* sum16; // [n_tokens][n / 16] sums of each 16 consecutive levels
-  const float* sum32;   // [n_tokens][n / 32] float(sum of the block's 32 levels), exact
+  const float* sum32;   // [n_tokens][n / 32] float(sum of each 32 consecutive levels), exact
   int64_t n;            // elements per token
+  int64_t group;        // elements per activation scale: 32 or 256
 };
 // Whether block format t has a scale per 16 elements (applied to the integer lane sums).
 inline bool sub16_scales(DType t) {
   return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ6_K;
 }
-// Quantises n_tokens rows of n elements (n a multiple of 32; row t at x + t * x_stride) into
-// q, d, sum16 and sum32 laid out as QuantActs describes.
+// The activation group of integer-path format t: 256 for the K-quants, 32 for the others.
+inline int64_t kernel_group(DType t) {
+  return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ4_K || t == DType::kQ5_K ||
+                 t == DType::kQ6_K
+             ? 256
+             : 32;
+}
+// Quantises n_tokens rows of n elements (n a multiple of group, 32 or 256; row t at
+// x + t * x_stride) into q, d, sum16 and sum32 laid out as QuantActs describes.
 using QuantizeActsFn = void (*)(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                                int8_t* q, float* d, int16_t* sum16, float* sum32);
+                                int64_t group, int8_t* q, float* d, int16_t* sum16, float* sum32);
 // y[t * y_stride + r] = the integer-path dot of row r with token t, r < nr, t < nt (any sizes);
 // x points at token 0's activations.
 using QDotFn = void (*)(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
@@ -135,11 +149,11 @@ struct KernelSet {
 // AVX-512 VNNI (qdot_avx512.cpp, vpdpbusd on 256-bit vectors). The AVX-512 set uses the VNNI
 // kernels where the CPU has AVX512-VNNI/VL/BW and the AVX2 ones elsewhere; all give the same bits.
 void quantize_acts_generic(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                           int8_t* q, float* d, int16_t* sum16, float* sum32);
+                           int64_t group, int8_t* q, float* d, int16_t* sum16, float* sum32);
 void qdot_generic(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                   const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                        int8_t* q, float* d, int16_t* sum16, float* sum32);
+                        int64_t group, int8_t* q, float* d, int16_t* sum16, float* sum32);
 void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
                const QuantActs& x, int64_t nt, float* y, int64_t y_stride);
 void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr,
@@ -148,10 +162,10 @@ void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t n
 // cpu_has_avx512_kernels()).
 bool cpu_has_avx512_vnni();
 
-// Quantises n_tokens rows with set.quantize_acts into the calling thread's scratch buffers
-// (matmul.cpp), valid until that thread's next call.
+// Quantises n_tokens rows with set.quantize_acts in groups of `group` into the calling thread's
+// scratch buffers for that group size (matmul.cpp), valid until that thread's next call for it.
 QuantActs quantize_to_scratch(const KernelSet& set, const float* x, int64_t x_stride,
-                              int64_t n_tokens, int64_t n);
+                              int64_t n_tokens, int64_t n, int64_t group);
 
 const KernelSet& generic_kernels();
 // Only valid to call when the CPU has AVX2, FMA and F16C.

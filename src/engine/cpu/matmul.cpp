@@ -31,8 +31,9 @@ struct ActScratch {
 }  // namespace
 
 QuantActs quantize_to_scratch(const KernelSet& set, const float* x, int64_t x_stride,
-                              int64_t n_tokens, int64_t n) {
-  thread_local ActScratch s;
+                              int64_t n_tokens, int64_t n, int64_t group) {
+  thread_local ActScratch scratch[2];  // group 32, group 256: a call may need both
+  ActScratch& s = scratch[group == 256 ? 1 : 0];
   const auto total = static_cast<size_t>(n_tokens * n);
   if (s.q.size() < total) {
     s.q.resize(total);
@@ -40,9 +41,9 @@ QuantActs quantize_to_scratch(const KernelSet& set, const float* x, int64_t x_st
     s.sum16.resize(total / 16);
     s.sum32.resize(total / kQK);
   }
-  set.quantize_acts(x, x_stride, n_tokens, n, s.q.data(), s.d.data(), s.sum16.data(),
+  set.quantize_acts(x, x_stride, n_tokens, n, group, s.q.data(), s.d.data(), s.sum16.data(),
                     s.sum32.data());
-  return {s.q.data(), s.d.data(), s.sum16.data(), s.sum32.data(), n};
+  return {s.q.data(), s.d.data(), s.sum16.data(), s.sum32.data(), n, group};
 }
 
 }  // namespace detail
@@ -54,15 +55,25 @@ constexpr int64_t kMinMacsPerChunk = 32 * 1024;
 // Bytes of weight rows kept hot while every token of the batch passes over them.
 constexpr uint64_t kRowBlockBytes = 32 * 1024;
 
+// x quantised once per call for each activation group its integer-path matrices need
+// (kernel_group: 32 for the legacy formats, 256 for the K-quants).
+struct CallActs {
+  std::optional<detail::QuantActs> g32, g256;
+  const detail::QuantActs* of(DType t) const {
+    return detail::kernel_group(t) == 256 ? &*g256 : &*g32;
+  }
+};
+
 // Rows of one matrix for one call: run(r0, r1) computes y for rows [r0, r1) and every token, by
 // the same reduction whatever the range (kernel_set.h). `acts` is the call's quantised x, needed
 // by the integer path only.
 class Rows {
  public:
   Rows(const detail::KernelSet& set, const TensorView& w, const float* x, int64_t in_stride,
-       int64_t n_tokens, float* y, int64_t out_stride, const detail::QuantActs* acts)
+       int64_t n_tokens, float* y, int64_t out_stride, const CallActs* acts)
       : set_(set), w_(w), x_(x), in_stride_(in_stride), n_tokens_(n_tokens), y_(y),
-        out_stride_(out_stride), acts_(acts),
+        out_stride_(out_stride),
+        acts_(acts != nullptr && uses_int_path(w.dtype) ? acts->of(w.dtype) : nullptr),
         row_bytes_(*dtype_row_bytes(w.dtype, static_cast<uint64_t>(w.cols()))),
         int_path_(uses_int_path(w.dtype)),
         dot_tile_(set.dot_tile[static_cast<size_t>(w.dtype)]),
@@ -131,17 +142,17 @@ class Rows {
   detail::MatmulBlockFn matmul_block_;
 };
 
-// x quantised once for every integer-path matrix of a call (none when no matrix needs it).
-std::optional<detail::QuantActs> quantize_for(const detail::KernelSet& set,
-                                              std::span<const TensorView* const> ws,
-                                              const float* x, int64_t in_stride,
-                                              int64_t n_tokens) {
+// x quantised for every integer-path matrix of a call, once per group size they need.
+CallActs quantize_for(const detail::KernelSet& set, std::span<const TensorView* const> ws,
+                      const float* x, int64_t in_stride, int64_t n_tokens) {
+  CallActs a;
   for (const TensorView* w : ws) {
-    if (uses_int_path(w->dtype)) {
-      return detail::quantize_to_scratch(set, x, in_stride, n_tokens, w->cols());
-    }
+    if (!uses_int_path(w->dtype)) continue;
+    const int64_t g = detail::kernel_group(w->dtype);
+    std::optional<detail::QuantActs>& slot = g == 256 ? a.g256 : a.g32;
+    if (!slot) slot = detail::quantize_to_scratch(set, x, in_stride, n_tokens, w->cols(), g);
   }
-  return std::nullopt;
+  return a;
 }
 
 // pool.parallel_for over [0, n) with a body that is one pointer (std::function keeps it without
@@ -160,7 +171,7 @@ void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_st
   const detail::KernelSet& set = detail::active_kernels();
   const TensorView* ws[] = {&w};
   const auto acts = quantize_for(set, ws, x, in_stride, n_tokens);
-  const Rows rows(set, w, x, in_stride, n_tokens, y, out_stride, acts ? &*acts : nullptr);
+  const Rows rows(set, w, x, in_stride, n_tokens, y, out_stride, &acts);
   parallel_rows(pool, rows.rows(), rows.grain(),
                 [&rows](int64_t r0, int64_t r1) { rows.run(r0, r1); });
 }
@@ -176,7 +187,7 @@ void matmul_many(ThreadPool& pool, std::span<const TensorView* const> ws, const 
   int64_t total = 0, grain = 1;
   for (size_t i = 0; i < ws.size(); ++i) {
     parts.emplace_back(set, *ws[i], x, in_stride, n_tokens, ys[i], ws[i]->rows(),
-                       acts ? &*acts : nullptr);
+                       &acts);
     total += parts.back().rows();
     grain = std::max(grain, parts.back().grain());
   }
@@ -198,9 +209,8 @@ void matmul_glu(ThreadPool& pool, const TensorView& gate, const TensorView& up, 
   const detail::KernelSet& set = detail::active_kernels();
   const TensorView* ws[] = {&gate, &up};
   const auto acts = quantize_for(set, ws, x, gate.cols(), n_tokens);
-  const detail::QuantActs* a = acts ? &*acts : nullptr;
-  const Rows g(set, gate, x, gate.cols(), n_tokens, out, rows, a);
-  const Rows u(set, up, x, up.cols(), n_tokens, scratch, rows, a);
+  const Rows g(set, gate, x, gate.cols(), n_tokens, out, rows, &acts);
+  const Rows u(set, up, x, up.cols(), n_tokens, scratch, rows, &acts);
   parallel_rows(pool, rows, std::max(g.grain(2), u.grain(2)),
                 [&](int64_t r0, int64_t r1) {
                   g.run(r0, r1);
@@ -219,7 +229,7 @@ void matmul_add(ThreadPool& pool, const TensorView& w, const float* x, int64_t n
   const detail::KernelSet& set = detail::active_kernels();
   const TensorView* ws[] = {&w};
   const auto acts = quantize_for(set, ws, x, w.cols(), n_tokens);
-  const Rows m(set, w, x, w.cols(), n_tokens, scratch, rows, acts ? &*acts : nullptr);
+  const Rows m(set, w, x, w.cols(), n_tokens, scratch, rows, &acts);
   parallel_rows(pool, rows, m.grain(), [&](int64_t r0, int64_t r1) {
     m.run(r0, r1);
     for (int64_t t = 0; t < n_tokens; ++t) {

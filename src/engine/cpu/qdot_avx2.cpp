@@ -21,8 +21,11 @@ namespace {
 // operand.
 struct Avx2Dot {
   // 2 x 4 tiles: 8 accumulators of 16 ymm registers, and the eight lanes of tile_tab's scale
-  // tables (measured faster than 2 x 3 for the legacy formats and the K-quants alike).
-  static constexpr int kRows = 2, kTokens = 4, kTokensK = 4;
+  // tables (measured faster than 2 x 3 for the legacy formats).
+  static constexpr int kRows = 2, kTokens = 4;
+  // The K-quants (simd::tile_k): 2 x 4, measured against 2 x 3, 3 x 3, 1 x 6 and 4 x 2 (the
+  // best or level with it for Q4_K, Q5_K, Q6_K and Q2_K; 8 accumulators and 4 token vectors).
+  static constexpr int kRowsK = 2, kTokensK = 4;
   static constexpr bool kFusedAcc = false;
   static constexpr bool kRowPairs = false;  // no 512-bit vectors
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
@@ -31,13 +34,17 @@ struct Avx2Dot {
   static inline __m256i bit_bytes(uint32_t bits, int v) {
     return _mm256_and_si256(simd::bits_to_bytes(bits), simd::mask8(v));
   }
+  // acc + the int32 lane sums of the int16 pairs of a times b (madd, exact here).
+  static inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+  }
 };
 
 }  // namespace
 
 void quantize_acts_avx2(const float* x, int64_t x_stride, int64_t n_tokens, int64_t n,
-                        int8_t* q, float* d, int16_t* sum16, float* sum32) {
-  simd::quantize_acts(x, x_stride, n_tokens, n, q, d, sum16, sum32);
+                        int64_t group, int8_t* q, float* d, int16_t* sum16, float* sum32) {
+  simd::quantize_acts(x, x_stride, n_tokens, n, group, q, d, sum16, sum32);
 }
 
 void qdot_avx2(DType t, const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,

@@ -34,16 +34,22 @@ namespace cleave::cpu::detail {
 namespace {
 
 struct VnniDot {
-  // Row pairs (tile_*_pairs) x tokens, measured in kernel_bench prefill: the legacy formats
-  // 2 x 6 (5-10% above 4 and 8), the K-quants 2 x 8 (above 4, 6, 12 and 16: their scales are
-  // unpacked once per tile). Q2_K takes 4 x 8 256-bit tiles.
-  static constexpr int kRows = 4, kTokens = 6, kTokensK = 8;
+  // The legacy formats: row pairs (tile_legacy_pairs) x tokens, measured in kernel_bench
+  // prefill: 2 x 6 (5-10% above 4 and 8).
+  static constexpr int kRows = 4, kTokens = 6;
+  // The K-quants (simd::tile_k): 4 x 6, measured against 4 x 4, 2 x 6 and 2 x 8 (Q4_K 126
+  // GFLOP/s against 97-128, Q6_K 119-126 against 116-124, Q5_K 107-119 against 94-116).
+  static constexpr int kRowsK = 4, kTokensK = 6;
   static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);
   }
   static inline __m256i dot_acc(__m256i c, __m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(c, a_u8, b_s8);
+  }
+  // acc + the int32 lane sums of the int16 pairs of a times b, in one vpdpwssd (no saturation).
+  static inline __m256i madd_acc(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_dpwssd_epi32(acc, a, b);
   }
   // A mask register selects the bytes (AVX512BW/VL): two instructions for the AVX2 set's five.
   static inline __m256i bit_bytes(uint32_t bits, int v) {
@@ -55,11 +61,6 @@ struct VnniDot {
   // corr: the signed formats' offset corrections of every token and block (simd::qdot_pairs).
   template <class W, int R, int T>
   static void tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
-                                int64_t t0, const int32_t* corr, float* y, int64_t y_stride);
-  // And the K-quants but Q2_K (kQ2Min): Q4_K and Q5_K, and Q3_K and Q6_K in their float
-  // sub-scale form.
-  template <class W, int R, int T>
-  static void tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
                                 int64_t t0, const int32_t* corr, float* y, int64_t y_stride);
 };
 
@@ -77,7 +78,7 @@ inline __m512i halves(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 // The start of a (row pair, token, block)'s dot product: for a signed format (offset form, as in
-// simd::tile_legacy) the token's offset correction from simd::qdot_pairs' table, in both halves
+// simd::tile) the token's offset correction from simd::qdot_pairs' table, in both halves
 // (a load, where computing it in the tile kept one register per token and cost a third of the
 // tile's dot products); zero for the unsigned formats.
 template <class W>
@@ -90,12 +91,12 @@ inline __m512i start(const int32_t* corr, int64_t token_block) {
   }
 }
 
-// simd::tile_legacy with two rows in one 512-bit vector: lanes 0-7 are row 2p's eight lanes,
-// lanes 8-15 row 2p + 1's. Each half does what tile_legacy's 256-bit vector does for its row:
+// simd::tile with two rows in one 512-bit vector: lanes 0-7 are row 2p's eight lanes,
+// lanes 8-15 row 2p + 1's. Each half does what tile's 256-bit vector does for its row:
 // the same exact lane sums, the same product d_r * dx (here (d_r broadcast) * dx, the same
 // rounded value), the same fma block after block and the same horizontal sum, so the results
-// are tile_legacy's bit for bit. Per (row pair, token, block): dot, convert, scale product and
-// fma, four 512-bit operations where tile_legacy spends six 256-bit ones (with the row's scale
+// are tile's bit for bit. Per (row pair, token, block): dot, convert, scale product and
+// fma, four 512-bit operations where tile spends six 256-bit ones (with the row's scale
 // broadcast from memory) on the same two rows; the activations come broadcast to both halves.
 template <class W, int R, int T>
 void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
@@ -144,90 +145,6 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
     _mm256_store_ps(mins, am[t]);
     for (int p = 0; p < P; ++p) {
       const float min0 = W::kMin ? mins[4 * p + 1] : 0.0f, min1 = W::kMin ? mins[4 * p + 3] : 0.0f;
-      y[t * y_stride + 2 * p] = simd::hsum(_mm512_castps512_ps256(as[p][t])) + min0;
-      y[t * y_stride + 2 * p + 1] = simd::hsum(high_half(as[p][t])) + min1;
-    }
-  }
-}
-
-
-// simd::tile's K-quant form with row pairs, as tile_legacy_pairs does it for the legacy formats:
-// each half does its row's operations of simd::tile unchanged (dsc_r * dx as (dsc_r broadcast)
-// * dx; for Q3_K and Q6_K the f32 sub-scale product, its vector of two sub-scales per row now
-// one 512-bit permute of both rows' sub-scales), and the mins run as in simd::tile.
-template <class W, int R, int T>
-void VnniDot::tile_kquant_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
-                                int64_t t0, const int32_t* corr, float* y, int64_t y_stride) {
-  static_assert(R % 2 == 0 && R <= 4 && !(W::kMin && W::kSub16));
-  static_assert(!W::kSub16 || W::kSigned);
-  constexpr int P = R / 2;
-  const int64_t nb = x.n / kQK, nu = nb / W::kBlocks;
-  __m512 as[P][T];
-  __m128 am[T];
-  for (int t = 0; t < T; ++t) {
-    am[t] = _mm_setzero_ps();
-    for (int p = 0; p < P; ++p) as[p][t] = _mm512_setzero_ps();
-  }
-  simd::Scales sc{};
-  alignas(64) float scf[R][16];  // kSub16: each row's 16 sub-scales as f32
-  for (int64_t u = 0; u < nu; ++u) {
-    for (int r = 0; r < R; ++r) {
-      const std::byte* unit = w + r * row_bytes + u * W::kBytes;
-      const char* pf = reinterpret_cast<const char*>(unit) + simd::kPrefetchBytes;
-      _mm_prefetch(pf, _MM_HINT_T0);
-      if constexpr (W::kBytes > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
-      if constexpr (W::kBytes > 128) _mm_prefetch(pf + 128, _MM_HINT_T0);
-      W::scales(unit, sc, r);
-      if constexpr (W::kSub16) {
-        _mm512_store_ps(scf[r], _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(sc.sc16[r])));
-      }
-    }
-#pragma GCC unroll 8
-    for (int jb = 0; jb < W::kBlocks; ++jb) {
-      const int64_t b = u * W::kBlocks + jb;
-      const __m512 dsc = _mm512_castps128_ps512(_mm_load_ps(sc.dsc[jb]));
-      __m512i qu[P];
-      __m512 dpair[P], scv[P];
-      for (int p = 0; p < P; ++p) {
-        const std::byte* u0 = w + 2 * p * row_bytes + u * W::kBytes;
-        if constexpr (W::kSigned) qu[p] = halves(W::ulevels(u0, jb), W::ulevels(u0 + row_bytes, jb));
-        else qu[p] = halves(W::levels(u0, jb), W::levels(u0 + row_bytes, jb));
-        dpair[p] = two_lanes(dsc, 2 * p, 2 * p + 1);
-        if constexpr (W::kSub16) {
-          // Lanes 0-3 and 4-7: row 2 p's sub-scales 2 jb and 2 jb + 1; lanes 8-15 row 2 p + 1's.
-          const __m512i pick = _mm512_setr_epi32(
-              2 * jb, 2 * jb, 2 * jb, 2 * jb, 2 * jb + 1, 2 * jb + 1, 2 * jb + 1, 2 * jb + 1,
-              16 + 2 * jb, 16 + 2 * jb, 16 + 2 * jb, 16 + 2 * jb, 17 + 2 * jb, 17 + 2 * jb,
-              17 + 2 * jb, 17 + 2 * jb);
-          scv[p] = _mm512_permutex2var_ps(_mm512_load_ps(scf[2 * p]), pick,
-                                          _mm512_load_ps(scf[2 * p + 1]));
-        }
-      }
-      // Token by token, as in tile_legacy_pairs.
-      for (int t = 0; t < T; ++t) {
-        const __m512i xv = _mm512_broadcast_i64x4(simd::load256(x.q + (t0 + t) * x.n + b * kQK));
-        const __m512i st = start<W>(corr, (t0 + t) * nb + b);
-        const float dxs = x.d[(t0 + t) * nb + b];
-        if constexpr (W::kMin) {
-          const __m128 dx = _mm_set1_ps(dxs);
-          const __m128 mnx =
-              _mm_mul_ps(_mm_load_ps(sc.mnf[jb]), _mm_set1_ps(x.sum32[(t0 + t) * nb + b]));
-          am[t] = _mm_fmadd_ps(_mm_mul_ps(_mm_load_ps(sc.m[jb]), dx), mnx, am[t]);
-        }
-        for (int p = 0; p < P; ++p) {
-          __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(st, qu[p], xv));
-          if constexpr (W::kSub16) f = _mm512_mul_ps(f, scv[p]);
-          const __m512 scale = _mm512_mul_ps(dpair[p], _mm512_set1_ps(dxs));
-          as[p][t] = _mm512_fmadd_ps(scale, f, as[p][t]);
-        }
-      }
-    }
-  }
-  for (int t = 0; t < T; ++t) {
-    alignas(16) float mins[4];
-    _mm_store_ps(mins, am[t]);
-    for (int p = 0; p < P; ++p) {
-      const float min0 = W::kMin ? mins[2 * p] : 0.0f, min1 = W::kMin ? mins[2 * p + 1] : 0.0f;
       y[t * y_stride + 2 * p] = simd::hsum(_mm512_castps512_ps256(as[p][t])) + min0;
       y[t * y_stride + 2 * p + 1] = simd::hsum(high_half(as[p][t])) + min1;
     }

@@ -53,19 +53,22 @@ std::vector<float> random_vector(int64_t n, uint32_t seed) {
   return v;
 }
 
-// The activation the integer path sees: x rounded to 8 bits per 32-element block.
-std::vector<double> quantised_activation(const float* x, int64_t n) {
+// The activation the integer path sees: x rounded to 8 bits per group of `group` elements (32
+// for the legacy formats, 256 for the K-quants).
+std::vector<double> quantised_activation(const float* x, int64_t n, int64_t group) {
   std::vector<double> out(static_cast<size_t>(n));
-  for (int64_t b = 0; b < n / 32; ++b) {
+  for (int64_t b = 0; b < n / group; ++b) {
     float amax = 0.0f;
-    for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(x[b * 32 + i]));
+    for (int64_t i = 0; i < group; ++i) amax = std::fmax(amax, std::fabs(x[b * group + i]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int i = 0; i < 32; ++i)
-      out[b * 32 + i] = static_cast<double>(d) * std::nearbyint(x[b * 32 + i] * id);
+    for (int64_t i = 0; i < group; ++i)
+      out[b * group + i] = static_cast<double>(d) * std::nearbyint(x[b * group + i] * id);
   }
   return out;
 }
+
+int64_t act_group(DType t) { return dtype_info(t).block_elems == 256 ? 256 : 32; }
 
 uint32_t bits(float f) {
   uint32_t u;
@@ -97,14 +100,15 @@ TEST_P(IntPathTest, EveryBlockFormatTakesTheIntegerPath) {
 // Two bounds. Against the exact product of the decoded weights with the 8-bit activation the
 // kernel sees, only f32 rounding separates them (1e-5 of the sum of magnitudes). Against the
 // exact product with the f32 activation, the activation's rounding adds at most half a level
-// per element: sum_i |w_i| * d_x(block of i) / 2.
+// per element: sum_i |w_i| * d_x(group of i) / 2.
 TEST_P(IntPathTest, DotMatchesDoubleReferenceOnDequantisedWeights) {
   for (DType t : kIntTypes) {
     for (int64_t n : sizes(t)) {
       const int64_t rows = 5;
       Matrix m = make_matrix(t, rows, n, static_cast<uint32_t>(n) + 11);
       std::vector<float> x = random_vector(n, 77 + static_cast<uint32_t>(n));
-      const std::vector<double> xq = quantised_activation(x.data(), n);
+      const int64_t group = act_group(t);
+      const std::vector<double> xq = quantised_activation(x.data(), n, group);
       std::vector<float> y(rows);
       ThreadPool pool(2);
       matmul(pool, m.view, x.data(), n, 1, y.data(), rows);
@@ -116,7 +120,8 @@ TEST_P(IntPathTest, DotMatchesDoubleReferenceOnDequantisedWeights) {
           ref += w * x[i];
           mag += std::fabs(w * xq[i]);
           float amax = 0.0f;
-          for (int k = 0; k < 32; ++k) amax = std::fmax(amax, std::fabs(x[(i / 32) * 32 + k]));
+          for (int64_t k = 0; k < group; ++k)
+            amax = std::fmax(amax, std::fabs(x[(i / group) * group + k]));
           act_bound += std::fabs(w) * (amax / 127.0) / 2.0;
         }
         const std::string what = std::string(dtype_name(t)) + " n=" + std::to_string(n) +
