@@ -479,12 +479,27 @@ void qdot_k(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs&
     return;
   }
   constexpr int R = Dot::kRowsK, T = Dot::kTokensK;
+  static_assert(T <= 8);
   auto row_tiles = [&]<int RR>(int64_t r) {
     const std::byte* wr = w + r * row_bytes;
     int64_t t = 0;
     for (; t + T <= nt; t += T)
       tile_k<Dot, W, RR, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
-    for (; t < nt; ++t) tile_k<Dot, W, RR, 1>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    // The leftover tokens in one tile of their own width (one pass over the rows, not one each).
+    auto rest = [&]<int N>() {
+      if constexpr (N < T)
+        tile_k<Dot, W, RR, N>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    };
+    switch (nt - t) {
+      case 1: return rest.template operator()<1>();
+      case 2: return rest.template operator()<2>();
+      case 3: return rest.template operator()<3>();
+      case 4: return rest.template operator()<4>();
+      case 5: return rest.template operator()<5>();
+      case 6: return rest.template operator()<6>();
+      case 7: return rest.template operator()<7>();
+      default: return;
+    }
   };
   int64_t r = 0;
   for (; r + R <= nr; r += R) row_tiles.template operator()<R>(r);
