@@ -402,9 +402,12 @@ inline void tile_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
 // int32 vector, exactly: the unsigned levels times xq in int16 pairs (maddubs; a signed
 // format's offset times xq taken off, maddubs(offset, xq) made once per token and block: every
 // pair stays below 2^15), then Dot::madd_acc applies the pair's sub-scale and adds (VNNI: one
-// vpdpwssd). Then per super-block, the reference's two fmas. One (row, token) alone (decode)
-// splits its integer sum over four accumulators (exact in any order), so that no block waits
-// for the one before.
+// vpdpwssd). Each block's R rows are unpacked first and the tokens then come one at a time, so
+// that only R x T accumulators and 2 R row vectors stay in registers (VNNI 4 x 6: 32; with the
+// six token vectors held as well they had spilled, 123-125 against 128-135 GFLOP/s for Q6_K).
+// Then per super-block, the reference's two fmas. One (row, token) alone (decode) splits its
+// integer sum over four accumulators (exact in any order), so that no block waits for the one
+// before.
 template <class Dot, class W, int R, int T>
 inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                    float* y, int64_t y_stride) {
@@ -431,20 +434,20 @@ inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, i
         for (int k = 0; k < kSplit; ++k) acc[r][t][k] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int jb = 0; jb < 8; ++jb) {
-      __m256i xv[T], xo[T];
-      for (int t = 0; t < T; ++t) {
-        xv[t] = load256(x.q + (t0 + t) * x.n + u * 256 + jb * kQK);
-        if constexpr (W::kOffset != 0) xo[t] = _mm256_maddubs_epi16(mask8(W::kOffset), xv[t]);
-      }
+      __m256i qu[R], scp[R];
       for (int r = 0; r < R; ++r) {
-        const std::byte* unit = w + r * row_bytes + u * W::kBytes;
-        const __m256i qu = W::ulevels(unit, jb);
-        const __m256i scp = block_sub_scales(v[r].sc16, jb);
-        for (int t = 0; t < T; ++t) {
-          __m256i p = _mm256_maddubs_epi16(qu, xv[t]);
-          if constexpr (W::kOffset != 0) p = _mm256_sub_epi16(p, xo[t]);
+        qu[r] = W::ulevels(w + r * row_bytes + u * W::kBytes, jb);
+        scp[r] = block_sub_scales(v[r].sc16, jb);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i xv = load256(x.q + (t0 + t) * x.n + u * 256 + jb * kQK);
+        __m256i xo = _mm256_setzero_si256();
+        if constexpr (W::kOffset != 0) xo = _mm256_maddubs_epi16(mask8(W::kOffset), xv);
+        for (int r = 0; r < R; ++r) {
+          __m256i p = _mm256_maddubs_epi16(qu[r], xv);
+          if constexpr (W::kOffset != 0) p = _mm256_sub_epi16(p, xo);
           __m256i& a = acc[r][t][jb % kSplit];
-          a = Dot::madd_acc(a, p, scp);
+          a = Dot::madd_acc(a, p, scp[r]);
         }
       }
     }
