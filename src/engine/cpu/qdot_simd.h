@@ -64,8 +64,8 @@ inline __m256i nibbles32(const std::byte* qs) {
   return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), mask8(0x0F));
 }
 
-// One row's multipliers for a K-quant super-block (tile_k): d, m (with a min), and the int16
-// sub-scale and min of each 16 elements, in element order.
+// One row's multipliers for a K-quant super-block (tile_k): d and the int16 sub-scale of each
+// 16 elements in element order; with a min also m and each 16 elements' int16 min.
 struct UnitVec {
   float d;
   float m;
