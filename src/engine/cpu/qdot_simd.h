@@ -10,7 +10,7 @@
 //   ulevels<Dot>(unit)     the 32 levels as unsigned bytes: level + kOffset for the signed ones
 //   levels<Dot>(unit)      (signed formats) the levels as int8, ulevels - kOffset
 // and their d (and m) at the block's start (dm_of). The K-quants (the second form) give
-//   unit(unit, UnitVec&)   d, m and the int16 sub-scale and min of each 16 elements
+//   unit(unit, UnitVec&)   d, m, the scale bytes and the int16 min of each 16 elements
 //   ulevels(unit, jb)      block jb's levels as unsigned bytes, level + kOffset (0: unsigned)
 // `Dot` supplies dot(a_u8, b_s8) (the eight int32 lane sums), bit_bytes(bits, v) (byte j = v
 // where bit j of bits is set, else 0), madd_acc(acc, a_i16, b_i16) (acc + the int32 sums of
@@ -64,14 +64,15 @@ inline __m256i nibbles32(const std::byte* qs) {
   return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), mask8(0x0F));
 }
 
-// One row's multipliers for a K-quant super-block (tile_k): d and the int16 sub-scale of each
-// 16 elements in element order; with a min also m and each 16 elements' int16 min.
+// One row's multipliers for a K-quant super-block (tile_k): d and its scale bytes; with a min
+// also m and each 16 elements' int16 min, in element order.
 struct UnitVec {
   float d;
   float m;
-  __m256i sc16;
+  __m256i scb;   // the scale bytes in both 128-bit halves (the format's block_scales reads them)
   __m256i mn16;
 };
+inline __m256i both_halves(__m128i v) { return _mm256_broadcastsi128_si256(v); }
 
 // --- legacy formats: one block a unit, no sub-scales -------------------------------------------
 
@@ -129,12 +130,14 @@ struct Q8_0 {
 struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
   static constexpr int kBytes = sizeof(BlockQ2_K), kOffset = 0;
   static constexpr bool kMin = true;
+  static constexpr int kScaleStride = 2;  // a scale per 16 elements
+  static constexpr bool kSignedScales = false;
   static inline void unit(const std::byte* u, UnitVec& v) {
-    const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u)));
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
     v.d = f16(u + 80);
     v.m = -f16(u + 82);
-    v.sc16 = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
-    v.mn16 = _mm256_srli_epi16(bytes, 4);
+    v.scb = both_halves(_mm_and_si128(bytes, _mm_set1_epi8(0x0F)));
+    v.mn16 = _mm256_srli_epi16(_mm256_cvtepu8_epi16(bytes), 4);
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     return _mm256_and_si256(srl16(load256(u + 16 + 32 * (jb / 4)), 2 * (jb % 4)), mask8(3));
@@ -142,8 +145,10 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
 };
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
   static constexpr int kBytes = sizeof(BlockQ3_K), kOffset = 4;
+  static constexpr int kScaleStride = 2;
+  static constexpr bool kSignedScales = true;
   static constexpr bool kMin = false;
-  // The 16 6-bit sub-scales, minus 32, as int16: four 32-bit words, each four scales' low
+  // The 16 6-bit sub-scales, minus 32, as int8: four 32-bit words, each four scales' low
   // nibbles (bytes 0-7, low then high nibbles) with their two high bits from bytes 8-11.
   static inline void unit(const std::byte* u, UnitVec& v) {
     uint32_t a[3];
@@ -156,7 +161,7 @@ struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
     const __m128i b = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1),
                                      static_cast<int>(s2), static_cast<int>(s3));
     v.d = f16(u + 108);
-    v.sc16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(b), _mm256_set1_epi16(32));
+    v.scb = both_halves(_mm_sub_epi8(b, _mm_set1_epi8(32)));
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     const __m256i low =
@@ -167,7 +172,7 @@ struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
 };
 // Q4_K and Q5_K: d @0, dmin @2, scales[12] @4 (as ggml's get_scale_min_k4). The 6-bit scales
 // and mins of blocks 0-3 and 4-7 are gathered into four 32-bit words (bytes 4-15 as three
-// little-endian words), then each block's byte is taken twice (its two 16-element halves).
+// little-endian words); each block's min is taken twice (its two 16-element halves).
 inline void unit_k4(const std::byte* u, UnitVec& v) {
   uint32_t a[3];
   std::memcpy(a, u + 4, 12);
@@ -178,11 +183,13 @@ inline void unit_k4(const std::byte* u, UnitVec& v) {
                                    static_cast<int>(mn_lo), static_cast<int>(mn_hi));
   v.d = f16(u);
   v.m = -f16(u + 2);
-  v.sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b));
+  v.scb = both_halves(b);  // bytes 0-7 (the mins in 8-15 are not read as scales)
   v.mn16 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(b, b));
 }
 struct Q4_K {  // qs[128] @16
   static constexpr int kBytes = sizeof(BlockQ4_K), kOffset = 0;
+  static constexpr int kScaleStride = 1;  // a scale per 32 elements
+  static constexpr bool kSignedScales = false;
   static constexpr bool kMin = true;
   static inline void unit(const std::byte* u, UnitVec& v) { unit_k4(u, v); }
   static inline __m256i ulevels(const std::byte* u, int jb) {
@@ -191,6 +198,8 @@ struct Q4_K {  // qs[128] @16
 };
 struct Q5_K {  // qh[32] @16, qs[128] @48
   static constexpr int kBytes = sizeof(BlockQ5_K), kOffset = 0;
+  static constexpr int kScaleStride = 1;  // a scale per 32 elements
+  static constexpr bool kSignedScales = false;
   static constexpr bool kMin = true;
   static inline void unit(const std::byte* u, UnitVec& v) { unit_k4(u, v); }
   static inline __m256i ulevels(const std::byte* u, int jb) {
@@ -202,11 +211,13 @@ struct Q5_K {  // qh[32] @16, qs[128] @48
 };
 struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
   static constexpr int kBytes = sizeof(BlockQ6_K), kOffset = 32;
+  static constexpr int kScaleStride = 2;
+  static constexpr bool kSignedScales = true;
   static constexpr bool kMin = false;
   static inline void unit(const std::byte* u, UnitVec& v) {
     v.d = f16(u + 208);
     // Block jb = 4 half + k uses scales 8 half + 2 k + {0, 1} = 2 jb + {0, 1}: element order.
-    v.sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
+    v.scb = both_halves(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     const int half = jb / 4, k = jb % 4;
@@ -234,12 +245,27 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The int16 multipliers of madd for block jb of a K-quant super-block: lanes 0-7 = sub-scale 2 jb,
-// lanes 8-15 = sub-scale 2 jb + 1 (dword jb of sc16 holds the pair).
-inline __m256i block_sub_scales(__m256i sc16, int jb) {
-  const __m256i pair = _mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(jb));
-  return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
-                                                    2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3));
+// The int16 multipliers of madd for block jb of a K-quant super-block: lanes 0-7 take the scale
+// of its elements 0-15, lanes 8-15 that of 16-31. One byte shuffle of the scale bytes (into
+// the low byte of each int16, the high one zeroed) where the scales are unsigned; into the high
+// byte, then an arithmetic shift by 8, where they are signed.
+template <class W>
+inline __m256i block_scales(__m256i scb, int jb) {
+  const char lo = static_cast<char>(W::kScaleStride * jb);
+  const char hi = static_cast<char>(W::kScaleStride == 1 ? jb : 2 * jb + 1);
+  constexpr char z = static_cast<char>(0x80);  // pshufb: a zero byte
+  // Byte 2 i + at of int16 lane i takes scale byte lo (lanes 0-7) or hi (8-15), byte 2 i + 1 - at
+  // zero.
+  constexpr int at = W::kSignedScales ? 1 : 0;
+  alignas(32) char pick[32];
+  for (int i = 0; i < 16; ++i) {
+    pick[2 * i + at] = i < 8 ? lo : hi;
+    pick[2 * i + 1 - at] = z;
+  }
+  const __m256i v =
+      _mm256_shuffle_epi8(scb, _mm256_load_si256(reinterpret_cast<const __m256i*>(pick)));
+  if constexpr (W::kSignedScales) return _mm256_srai_epi16(v, 8);
+  return v;
 }
 
 // Weight blocks are streamed from memory once per decode step; prefetch this far ahead of each
@@ -437,7 +463,7 @@ inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, i
       __m256i qu[R], scp[R];
       for (int r = 0; r < R; ++r) {
         qu[r] = W::ulevels(w + r * row_bytes + u * W::kBytes, jb);
-        scp[r] = block_sub_scales(v[r].sc16, jb);
+        scp[r] = block_scales<W>(v[r].scb, jb);
       }
       for (int t = 0; t < T; ++t) {
         const __m256i xv = load256(x.q + (t0 + t) * x.n + u * 256 + jb * kQK);
