@@ -203,5 +203,43 @@ TEST(IntPathSets, AllKernelSetsAgreeBitForBit) {
   ASSERT_TRUE(set_kernel_isa(previous));
 }
 
+// The fused passes give the separate calls' bits when their matrices need different activation
+// groups (a K-quant beside legacy formats and f16, as in a Q4_K_M file's mixed tensors): x is
+// quantised once per group size the call needs, and each matrix reads its own.
+TEST(IntPathSets, FusedMatmulsWithMixedFormatsMatchSeparateCalls) {
+  const int64_t n = 512, rows = 13;
+  for (const int64_t tokens : {1, 7}) {
+    const std::vector<float> x = random_vector(n * tokens, 31);
+    Matrix q4k = make_matrix(DType::kQ4_K, rows, n, 41);
+    Matrix q8 = make_matrix(DType::kQ8_0, rows, n, 42);
+    Matrix f16 = make_matrix(DType::kF16, rows, n, 43);
+    Matrix q6k = make_matrix(DType::kQ6_K, rows, n, 44);
+    ThreadPool pool(2);
+    auto separate = [&](const Matrix& m) {
+      std::vector<float> y(static_cast<size_t>(rows * tokens));
+      matmul(pool, m.view, x.data(), n, tokens, y.data(), rows);
+      return y;
+    };
+    const std::vector<float> a = separate(q4k), b = separate(q8), c = separate(f16),
+                             d = separate(q6k);
+    std::vector<float> ya(a.size()), yb(a.size()), yc(a.size()), yd(a.size());
+    const TensorView* ws[] = {&q4k.view, &q8.view, &f16.view, &q6k.view};
+    float* ys[] = {ya.data(), yb.data(), yc.data(), yd.data()};
+    matmul_many(pool, ws, x.data(), tokens, ys);
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(bits(ya[i]), bits(a[i])) << "q4_k tokens=" << tokens << " i=" << i;
+      ASSERT_EQ(bits(yb[i]), bits(b[i])) << "q8_0 tokens=" << tokens << " i=" << i;
+      ASSERT_EQ(bits(yc[i]), bits(c[i])) << "f16 tokens=" << tokens << " i=" << i;
+      ASSERT_EQ(bits(yd[i]), bits(d[i])) << "q6_k tokens=" << tokens << " i=" << i;
+    }
+    // gate Q4_K, up Q8_0: out = silu(gate x) * up x.
+    std::vector<float> glu(a.size()), scratch(a.size()), want(a.size());
+    matmul_glu(pool, q4k.view, q8.view, x.data(), tokens, glu.data(), scratch.data());
+    silu_mul(a.data(), b.data(), static_cast<int64_t>(a.size()), want.data());
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(bits(glu[i]), bits(want[i])) << "glu tokens=" << tokens << " i=" << i;
+  }
+}
+
 }  // namespace
 }  // namespace cleave::cpu
