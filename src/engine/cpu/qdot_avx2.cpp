@@ -28,6 +28,7 @@ struct Avx2Dot {
   static constexpr int kRowsK = 2, kTokensK = 4;
   static constexpr bool kFusedAcc = false;
   static constexpr bool kRowPairs = false;  // no 512-bit vectors
+  static constexpr bool kWideK = false;
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(a_u8, b_s8), _mm256_set1_epi16(1));
   }

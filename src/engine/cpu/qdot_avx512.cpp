@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <type_traits>
 
 #include "cleave/model/quants.h"
 
@@ -37,9 +38,10 @@ struct VnniDot {
   // The legacy formats: row pairs (tile_legacy_pairs) x tokens, measured in kernel_bench
   // prefill: 2 x 6 (5-10% above 4 and 8).
   static constexpr int kRows = 4, kTokens = 6;
-  // The K-quants (simd::tile_k): 4 x 6, measured against 4 x 4, 2 x 6 and 2 x 8 (Q4_K 126
-  // GFLOP/s against 97-128, Q6_K 119-126 against 116-124, Q5_K 107-119 against 94-116).
-  static constexpr int kRowsK = 4, kTokensK = 6;
+  // The K-quants' several-token tiles (tile_k_wide): 4 x 4, measured on Sapphire Rapids against
+  // 4 x 6, 2 x 8, 2 x 6 and 3 x 4, all within the noise (Q4_K 106-118 GFLOP/s, Q6_K 99-120,
+  // Q5_K 100-108); 4 x 6 holds 24 of the 32 registers in accumulators alone.
+  static constexpr int kRowsK = 4, kTokensK = 4;
   static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);
@@ -58,6 +60,11 @@ struct VnniDot {
 
   // The legacy formats take tiles of row pairs (through simd::qdot_pairs).
   static constexpr bool kRowPairs = true;
+  // The K-quants' several-token tiles take two blocks a 512-bit vector (tile_k_wide).
+  static constexpr bool kWideK = true;
+  template <class W, int R, int T>
+  static void tile_k_wide(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
+                          float* y, int64_t y_stride);
   // corr: the signed formats' offset corrections of every token and block (simd::qdot_pairs).
   template <class W, int R, int T>
   static void tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
@@ -149,6 +156,127 @@ void VnniDot::tile_legacy_pairs(const std::byte* w, uint64_t row_bytes, const Qu
       y[t * y_stride + 2 * p + 1] = simd::hsum(high_half(as[p][t])) + min1;
     }
   }
+}
+
+// Bytes of p (32) in both 256-bit halves, the low half's 64-bit lanes shifted right by s0, the
+// high half's by s1 (as the 256-bit formats' srl16 on a block's bytes: the masks after it keep
+// only bits that stay within their byte).
+inline __m512i pair_shift(const std::byte* p, int s0, int s1) {
+  const __m512i v = _mm512_broadcast_i64x4(simd::load256(p));
+  return _mm512_srlv_epi64(v, _mm512_inserti64x4(_mm512_set1_epi64(s0), _mm256_set1_epi64x(s1), 1));
+}
+inline __m512i mask8w(int v) { return _mm512_set1_epi8(static_cast<char>(v)); }
+// Blocks 2 c and 2 c + 1 of a K-quant super-block as unsigned levels: W::ulevels of each, as the
+// halves of one vector.
+template <class W>
+inline __m512i ulevels_pair(const std::byte* u, int c) {
+  using namespace simd;
+  if constexpr (std::is_same_v<W, Q2_K>) {
+    return _mm512_and_si512(pair_shift(u + 16 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2),
+                            mask8w(3));
+  } else if constexpr (std::is_same_v<W, Q3_K>) {
+    const __m512i low = _mm512_and_si512(
+        pair_shift(u + 32 + 32 * (c / 2), 4 * (c % 2), 4 * (c % 2) + 2), mask8w(3));
+    const __m512i high = _mm512_and_si512(pair_shift(u, 2 * c, 2 * c + 1), mask8w(1));
+    return _mm512_or_si512(low, _mm512_slli_epi16(high, 2));
+  } else if constexpr (std::is_same_v<W, Q4_K>) {
+    return _mm512_and_si512(pair_shift(u + 16 + 32 * c, 0, 4), mask8w(0x0F));
+  } else if constexpr (std::is_same_v<W, Q5_K>) {
+    const __m512i low = _mm512_and_si512(pair_shift(u + 48 + 32 * c, 0, 4), mask8w(0x0F));
+    const __m512i high = _mm512_and_si512(pair_shift(u + 16, 2 * c, 2 * c + 1), mask8w(1));
+    return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  } else {
+    static_assert(std::is_same_v<W, Q6_K>);
+    // Blocks 4 h + k, k = 2 (c % 2) + {0, 1}: their low nibbles are the two 32-byte halves of
+    // ql[64 h ..], both shifted by 4 (c % 2); their high bits are qh[32 h ..] >> 2 k.
+    const int h = c / 2, s = 4 * (c % 2);
+    const __m512i ql = _mm512_loadu_si512(u + 64 * h);
+    const __m512i low =
+        _mm512_and_si512(_mm512_srl_epi16(ql, _mm_cvtsi32_si128(s)), mask8w(0x0F));
+    const __m512i high = _mm512_and_si512(pair_shift(u + 128 + 32 * h, s, s + 2), mask8w(3));
+    return _mm512_or_si512(low, _mm512_slli_epi16(high, 4));
+  }
+}
+// simd::block_scales of blocks 2 c and 2 c + 1 as the halves of one vector: the same shuffle,
+// over the scale bytes broadcast to every 128-bit lane.
+template <class W>
+inline __m512i block_scales_pair(__m512i scb, int c) {
+  constexpr char z = static_cast<char>(0x80);
+  constexpr int at = W::kSignedScales ? 1 : 0;
+  alignas(64) char pick[64];
+  for (int half = 0; half < 2; ++half) {
+    const int jb = 2 * c + half;
+    const char lo = static_cast<char>(W::kScaleStride * jb);
+    const char hi = static_cast<char>(W::kScaleStride == 1 ? jb : 2 * jb + 1);
+    for (int i = 0; i < 16; ++i) {
+      pick[32 * half + 2 * i + at] = i < 8 ? lo : hi;
+      pick[32 * half + 2 * i + 1 - at] = z;
+    }
+  }
+  const __m512i v = _mm512_shuffle_epi8(scb, _mm512_load_si512(pick));
+  if constexpr (W::kSignedScales) return _mm512_srai_epi16(v, 8);
+  return v;
+}
+// simd::tile_k with two blocks a 512-bit vector, block 2 c in the low half and 2 c + 1 in the
+// high one: per (row, token, block pair) one maddubs and one vpdpwssd (and a subtraction for the
+// signed formats), where tile_k spends twice as many 256-bit ones; the two blocks' activations
+// lie side by side (one load). At the end of a super-block the halves are added (exact int32:
+// each lane then holds tile_k's integer sum) and tile_k's f32 steps follow, so the results are
+// tile_k's bit for bit.
+template <class W, int R, int T>
+void VnniDot::tile_k_wide(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
+                          float* y, int64_t y_stride) {
+  const int64_t nu = x.n / 256;
+  __m256 as[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) as[r][t] = _mm256_setzero_ps();
+  for (int64_t u = 0; u < nu; ++u) {
+    simd::UnitVec v[R];
+    __m512i scb[R];
+    for (int r = 0; r < R; ++r) {
+      W::unit(w + r * row_bytes + u * W::kBytes, v[r]);
+      scb[r] = _mm512_broadcast_i64x4(v[r].scb);
+    }
+    __m512i acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i qu[R], scp[R];
+      for (int r = 0; r < R; ++r) {
+        qu[r] = ulevels_pair<W>(w + r * row_bytes + u * W::kBytes, c);
+        scp[r] = block_scales_pair<W>(scb[r], c);
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m512i xv = _mm512_loadu_si512(x.q + (t0 + t) * x.n + u * 256 + c * 64);
+        __m512i xo = _mm512_setzero_si512();
+        if constexpr (W::kOffset != 0) xo = _mm512_maddubs_epi16(mask8w(W::kOffset), xv);
+        for (int r = 0; r < R; ++r) {
+          __m512i p = _mm512_maddubs_epi16(qu[r], xv);
+          if constexpr (W::kOffset != 0) p = _mm512_sub_epi16(p, xo);
+          acc[r][t] = _mm512_dpwssd_epi32(acc[r][t], p, scp[r]);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const float dx = x.d[(t0 + t) * nu + u];
+      __m256i xs16;
+      if constexpr (W::kMin) xs16 = simd::load256(x.sum16 + (t0 + t) * (x.n / 16) + u * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(acc[r][t]),
+                                              _mm512_extracti64x4_epi64(acc[r][t], 1));
+        as[r][t] =
+            _mm256_fmadd_ps(_mm256_set1_ps(v[r].d * dx), _mm256_cvtepi32_ps(isum), as[r][t]);
+        if constexpr (W::kMin) {
+          const __m256i bsum = _mm256_madd_epi16(v[r].mn16, xs16);
+          as[r][t] =
+              _mm256_fmadd_ps(_mm256_set1_ps(v[r].m * dx), _mm256_cvtepi32_ps(bsum), as[r][t]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(as[r][t]);
 }
 
 }  // namespace

@@ -509,15 +509,18 @@ void qdot_k(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs&
   }
   constexpr int R = Dot::kRowsK, T = Dot::kTokensK;
   static_assert(T <= 8);
+  // A set with 512-bit vectors takes its several-token tiles from Dot::tile_k_wide.
+  auto tile = [&]<int RR, int N>(const std::byte* wr, int64_t t, float* yt) {
+    if constexpr (Dot::kWideK) Dot::template tile_k_wide<W, RR, N>(wr, row_bytes, x, t, yt, y_stride);
+    else tile_k<Dot, W, RR, N>(wr, row_bytes, x, t, yt, y_stride);
+  };
   auto row_tiles = [&]<int RR>(int64_t r) {
     const std::byte* wr = w + r * row_bytes;
     int64_t t = 0;
-    for (; t + T <= nt; t += T)
-      tile_k<Dot, W, RR, T>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+    for (; t + T <= nt; t += T) tile.template operator()<RR, T>(wr, t, y + t * y_stride + r);
     // The leftover tokens in one tile of their own width (one pass over the rows, not one each).
     auto rest = [&]<int N>() {
-      if constexpr (N < T)
-        tile_k<Dot, W, RR, N>(wr, row_bytes, x, t, y + t * y_stride + r, y_stride);
+      if constexpr (N < T) tile.template operator()<RR, N>(wr, t, y + t * y_stride + r);
     };
     switch (nt - t) {
       case 1: return rest.template operator()<1>();
