@@ -42,7 +42,15 @@ class LateWriteFenceTest : public WorkerProcessTest {
     dispatcher_ = ready_dispatcher(pair_options(*prefill_proc_, *decode_proc_));
     ASSERT_TRUE(dispatcher_);
     warm_up();
-    reference_ = run(1);
+    // The handshake can outlast the bound once more on a loaded machine (seen in a full ctest
+    // run): the reference then gets one more try after the pair's back-off.
+    auto first = attempt(1);
+    if (first.ok()) {
+      reference_ = *first;
+    } else {
+      std::this_thread::sleep_for(2500ms);
+      reference_ = run(2);
+    }
     ASSERT_EQ(reference_.size(), 12u);
   }
 
@@ -59,13 +67,19 @@ class LateWriteFenceTest : public WorkerProcessTest {
       std::this_thread::sleep_for(2500ms);
   }
 
-  std::vector<int32_t> run(RequestId id) {
+  Result<std::vector<int32_t>> attempt(RequestId id) {
     Collected c;
     router::DispatchRequest req{kPrompt, greedy(12, 0, true)};
     req.request_id = id;
     auto out = router::run_request(*dispatcher_, std::move(req), collect_into(c));
-    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    if (!out.ok()) return out.status();
     return c.tokens;
+  }
+
+  std::vector<int32_t> run(RequestId id) {
+    auto out = attempt(id);
+    EXPECT_TRUE(out.ok()) << out.status().to_string();
+    return out.ok() ? *out : std::vector<int32_t>{};
   }
 
   // A Prefill that writes into `dest` after its reservation ended.
