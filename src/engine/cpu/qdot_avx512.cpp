@@ -201,18 +201,9 @@ inline __m512i ulevels_pair(const std::byte* u, int c) {
 // over the scale bytes broadcast to every 128-bit lane.
 template <class W>
 inline __m512i block_scales_pair(__m512i scb, int c) {
-  constexpr char z = static_cast<char>(0x80);
-  constexpr int at = W::kSignedScales ? 1 : 0;
   alignas(64) char pick[64];
-  for (int half = 0; half < 2; ++half) {
-    const int jb = 2 * c + half;
-    const char lo = static_cast<char>(W::kScaleStride * jb);
-    const char hi = static_cast<char>(W::kScaleStride == 1 ? jb : 2 * jb + 1);
-    for (int i = 0; i < 16; ++i) {
-      pick[32 * half + 2 * i + at] = i < 8 ? lo : hi;
-      pick[32 * half + 2 * i + 1 - at] = z;
-    }
-  }
+  simd::scale_pick<W>(2 * c, pick);
+  simd::scale_pick<W>(2 * c + 1, pick + 32);
   const __m512i v = _mm512_shuffle_epi8(scb, _mm512_load_si512(pick));
   if constexpr (W::kSignedScales) return _mm512_srai_epi16(v, 8);
   return v;

@@ -249,19 +249,24 @@ inline float hsum(__m256 v) {
 // of its elements 0-15, lanes 8-15 that of 16-31. One byte shuffle of the scale bytes (into
 // the low byte of each int16, the high one zeroed) where the scales are unsigned; into the high
 // byte, then an arithmetic shift by 8, where they are signed.
+// block_scales' 32 shuffle bytes for block jb, into pick.
 template <class W>
-inline __m256i block_scales(__m256i scb, int jb) {
+inline void scale_pick(int jb, char* pick) {
   const char lo = static_cast<char>(W::kScaleStride * jb);
   const char hi = static_cast<char>(W::kScaleStride == 1 ? jb : 2 * jb + 1);
   constexpr char z = static_cast<char>(0x80);  // pshufb: a zero byte
   // Byte 2 i + at of int16 lane i takes scale byte lo (lanes 0-7) or hi (8-15), byte 2 i + 1 - at
   // zero.
   constexpr int at = W::kSignedScales ? 1 : 0;
-  alignas(32) char pick[32];
   for (int i = 0; i < 16; ++i) {
     pick[2 * i + at] = i < 8 ? lo : hi;
     pick[2 * i + 1 - at] = z;
   }
+}
+template <class W>
+inline __m256i block_scales(__m256i scb, int jb) {
+  alignas(32) char pick[32];
+  scale_pick<W>(jb, pick);
   const __m256i v =
       _mm256_shuffle_epi8(scb, _mm256_load_si256(reinterpret_cast<const __m256i*>(pick)));
   if constexpr (W::kSignedScales) return _mm256_srai_epi16(v, 8);
