@@ -135,6 +135,8 @@ Status FabricRail::open_endpoint() {
   ep_ = std::move(ep).value();
   cq_waitable_ = ep_->waitable();
   wake_peers_ = !ep_->counts_remote_writes();
+  const std::string_view prov = port_->provider_name();
+  connects_ = prov.find("ofi_rxm") != std::string_view::npos || prov == "efa";
   {
     std::lock_guard<std::mutex> nlock(name_mu_);
     name_ = ep_->name();
@@ -214,8 +216,9 @@ void FabricRail::reopen() {
     free_op(op);
   }
   inflight_.clear();
-  for (OpContext* op : wakes_inflight_) free_op(op);
+  for (auto& [op, peer] : wakes_inflight_) free_op(op);
   wakes_inflight_.clear();
+  hellos_due_.clear();
   writes_inflight_ = 0;
   peer_inflight_.clear();
   eagain_since_.clear();
@@ -234,6 +237,8 @@ void FabricRail::reopen() {
       if (ep_->av_insert(slot.name, &addr) != 1) addr = FI_ADDR_NOTAVAIL;
     }
     slot.addr = addr;
+    // The new endpoint has no connections: the live peers' are made again at once.
+    if (connects_ && addr != FI_ADDR_NOTAVAIL) hellos_due_.emplace_back(key, pass_now_);
   }
   for (auto it = again.rbegin(); it != again.rend(); ++it) push_ready(std::move(*it), true);
   // Their batches' writes had all completed: they go out with the next pass, ahead of notices
@@ -302,6 +307,10 @@ Status FabricRail::insert_peer(const std::shared_ptr<PeerRecord>& peer, const st
                                    got < 0 ? fi_strerror(-got) : "0 inserted"));
   }
   slot.addr = addr;
+  if (connects_) {
+    hellos_due_.emplace_back(peer.get(), pass_now_);
+    send_hellos();
+  }
   return Status::Ok();
 }
 
@@ -394,7 +403,7 @@ std::vector<RailWork> FabricRail::declare_stuck(const std::string& why) {
 
 bool FabricRail::has_work() const {
   return !inflight_.empty() || !ready_.empty() || !deferred_notices_.empty() ||
-         !pending_notices_.empty() || !abandoned_.empty();
+         !pending_notices_.empty() || !abandoned_.empty() || !hellos_due_.empty();
 }
 
 bool FabricRail::driven_recently(Clock::time_point now) const {

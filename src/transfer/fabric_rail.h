@@ -228,6 +228,14 @@ class FabricRail {
   // Sends `slot` a wake-up unless one went out within half the hot window (or no send slot
   // is free: a wake-up is only a hint).
   void maybe_wake(PeerSlot& slot);
+  // Connection-based providers: sends each peer in hellos_due_ a wake-up, which makes the
+  // provider start the connection now instead of at the first write (see connects_).
+  void send_hellos();
+  // Whether something sent to `peer` on this endpoint has completed: where the provider makes
+  // connections (connects_), posts refused before that are the connection being made.
+  bool connected(PeerRecord* peer) const {
+    return !connects_ || last_completion_.count(peer) > 0;
+  }
   // Posts `wire` from a free send slot as an operation of `kind` to `dest`: the operation, or
   // null with the fi_send result in `*rc` (-FI_EAGAIN also when no slot is free).
   OpContext* send_wire(OpContext::Kind kind, const NoticeWire& wire, fi_addr_t dest,
@@ -282,6 +290,10 @@ class FabricRail {
   static constexpr int64_t kSubmitterReadAfterNs = 20'000;
   bool cq_waitable_ = false;
   bool wake_peers_ = false;  // the endpoint does not count incoming writes: peers need wake-ups
+  // The provider connects to a peer on the first message (ofi_rxm over tcp or verbs, efa's
+  // handshake): the connection is started when the peer is inserted (a hello), and posts
+  // refused before the first completion from the peer are bounded by connect_timeout_ms.
+  bool connects_ = false;
   mutable std::mutex name_mu_;  // guards name_ (readable while the rail is stuck)
   std::string name_;
   size_t depth_ = 0;
@@ -321,7 +333,11 @@ class FabricRail {
   std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
   // Writes and notices in flight, each at its OpContext::inflight_at (no allocation per post).
   std::vector<OpContext*> inflight_;
-  std::unordered_set<OpContext*> wakes_inflight_;  // wake-ups (no transfer behind them)
+  // Wake-ups (no transfer behind them), with the peer each went to.
+  std::unordered_map<OpContext*, PeerRecord*> wakes_inflight_;
+  // Peers that get a wake-up as soon as a send slot and the provider take it, and since when
+  // (a hello is dropped after connect_timeout_ms: the writes that follow will tell).
+  std::vector<std::pair<PeerRecord*, Clock::time_point>> hellos_due_;
   std::vector<OpContext*> abandoned_;  // timed out, never completed by the provider
   std::unordered_map<PeerRecord*, Clock::time_point> last_completion_;
   size_t writes_inflight_ = 0;

@@ -78,7 +78,10 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
   }
   if (op->kind == OpContext::Kind::kWake) {
     // Only a hint: an error (the peer is gone) shows up on the writes that follow.
-    if (wakes_inflight_.erase(op) == 0) return;  // released by a reopen
+    auto it = wakes_inflight_.find(op);
+    if (it == wakes_inflight_.end()) return;  // released by a reopen
+    if (!error && it->second) last_completion_[it->second] = now;  // connected
+    wakes_inflight_.erase(it);
     free_send_slots_.push_back(op->slot);
     free_op(op);
     return;
@@ -266,9 +269,13 @@ void FabricRail::check_timeouts() {
             TransferErrorKind::kTimeout);
   }
   // A peer whose writes the provider keeps refusing with -FI_EAGAIN fails the same way.
+  // Before the first completion from a peer, a provider that connects on the first message
+  // refuses posts while it makes the connection: that has its own bound.
+  const auto connect_bound = std::chrono::milliseconds(settings_.connect_timeout_ms);
   for (auto it = eagain_since_.begin(); it != eagain_since_.end();) {
-    if (now - it->second.since <= bound) { ++it; continue; }
     PeerRecord* peer = it->first;
+    const bool connecting = !connected(peer);
+    if (now - it->second.since <= (connecting ? connect_bound : bound)) { ++it; continue; }
     // shm: refusals behind another peer's unanswered operation (its completions hold back
     // ours, and with them the credits): the rebuild that fault causes clears them.
     if (leak_on_reopen_ && (culprit || reopen_wanted_ || held_back_by_other(peer, it->second.since))) {
@@ -278,12 +285,19 @@ void FabricRail::check_timeouts() {
     peer->unreachable.store(true);
     for (auto& w : ready_) {
       if (w.transfer->peer.get() != peer) continue;
-      w.transfer->finish(DeadlineExceeded(fmt::format(
-                             "rail {} ({}) could not post a write to peer {:016x} for {} ms "
-                             "(-FI_EAGAIN); the peer is marked unreachable",
-                             index_, provider_name(), peer->engine_id,
-                             settings_.completion_timeout_ms)),
-                         TransferErrorKind::kTimeout);
+      w.transfer->finish(
+          DeadlineExceeded(
+              connecting
+                  ? fmt::format("rail {} ({}) could not connect to peer {:016x} within {} ms "
+                                "(transfer.connect_timeout_ms; its posts were refused with "
+                                "-FI_EAGAIN); the peer is marked unreachable",
+                                index_, provider_name(), peer->engine_id,
+                                settings_.connect_timeout_ms)
+                  : fmt::format("rail {} ({}) could not post a write to peer {:016x} for {} ms "
+                                "(-FI_EAGAIN); the peer is marked unreachable",
+                                index_, provider_name(), peer->engine_id,
+                                settings_.completion_timeout_ms)),
+          TransferErrorKind::kTimeout);
       break;
     }
     it = eagain_since_.erase(it);
@@ -328,6 +342,7 @@ int FabricRail::progress_once() {
   // After the read: it may have finished the batches a deferred notice waits for, and freed
   // the send slots a pending one waits for.
   if (!deferred_notices_.empty() || !pending_notices_.empty()) post_deferred_notices();
+  if (!hellos_due_.empty()) send_hellos();
   if (!inflight_.empty() || !eagain_since_.empty()) check_timeouts();
   return n;
 }

@@ -297,8 +297,31 @@ void FabricRail::maybe_wake(PeerSlot& slot) {
   OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0, 0},
                             slot.addr, &rc);
   if (!op) return;  // no slot, -FI_EAGAIN or worse: the writes that follow will tell
-  wakes_inflight_.insert(op);
+  wakes_inflight_.emplace(op, slot.peer.lock().get());
   slot.woken = now;
+}
+
+void FabricRail::send_hellos() {
+  const auto bound = std::chrono::milliseconds(settings_.connect_timeout_ms);
+  std::erase_if(hellos_due_, [&](const std::pair<PeerRecord*, Clock::time_point>& due) {
+    auto it = peers_.find(due.first);
+    if (!ep_ || it == peers_.end() || it->second.addr == FI_ADDR_NOTAVAIL ||
+        it->second.peer.expired() || pass_now_ - due.second > bound) {
+      return true;
+    }
+    ssize_t rc = 0;
+    OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0, 0},
+                              it->second.addr, &rc);
+    if (rc == -FI_EAGAIN) return false;  // the provider may be connecting: ask again next pass
+    if (!op) {
+      log::debug("transfer rail {}: the hello to peer {:016x} was refused: {}", index_,
+                 due.first->engine_id, fi_strerror(static_cast<int>(-rc)));
+      return true;  // the writes that follow will tell
+    }
+    wakes_inflight_.emplace(op, due.first);
+    it->second.woken = pass_now_;
+    return true;
+  });
 }
 
 void FabricRail::post_deferred_notices() {
