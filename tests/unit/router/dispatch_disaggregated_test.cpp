@@ -207,7 +207,7 @@ TEST_F(DispatchDisaggregatedTest, ALeaseThatEndsBeforeThePrefillWroteBlamesNoWor
 TEST_F(DispatchDisaggregatedTest, QueuedPrefillsLongerThanTheLeaseKeepTheirReservations) {
   std::string why;
   WorkerConfig dc = worker_config("decode", slow_model_path());
-  dc.engine.kv_blocks = 512;  // room for the four reservations at once
+  dc.engine.kv_blocks = 512;  // room for the eight reservations at once
   TestWorker decode = start_worker(dc, &why);
   if (!decode.server) GTEST_SKIP() << "tcp;ofi_rxm unavailable: " << why;
   TestWorker prefill = start_worker(worker_config("prefill", slow_model_path()));
@@ -215,14 +215,17 @@ TEST_F(DispatchDisaggregatedTest, QueuedPrefillsLongerThanTheLeaseKeepTheirReser
   DispatcherOptions o = disaggregated({prefill.address}, {decode.address});
   metrics::MetricsRegistry registry;
   o.metrics = &registry;
-  o.lease = 300ms;  // renewed every 100 ms; 6 watch periods of 50 ms at least
-  o.prefill_queue_tokens = 0;  // all four reserve at once and queue at the prefill worker
+  // Renewed every 200 ms, each renewal RPC bounded by 200 ms: the lease ends only when three
+  // rounds in a row miss, which a loaded 2-core machine did with a 300 ms lease (100 ms RPCs).
+  o.lease = 600ms;
+  o.prefill_queue_tokens = 0;  // all eight reserve at once and queue at the prefill worker
   auto d = make_dispatcher(o);
   ASSERT_TRUE(d.ok());
   ASSERT_TRUE((*d)->wait_ready(10s));
   std::mt19937 rng(11);
   std::vector<std::vector<int32_t>> ps;
-  for (int i = 0; i < 4; ++i) ps.push_back(testing_engine::random_prompt(rng, *ref_->tok, 512, 900));
+  // About 190 ms of prefill each on this model (2 vCPU): the last one waits some 1.3 s.
+  for (int i = 0; i < 8; ++i) ps.push_back(testing_engine::random_prompt(rng, *ref_->tok, 512, 900));
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Submitted> runs;
   for (const auto& p : ps) runs.push_back(submit(**d, p, greedy(4)));
@@ -231,8 +234,8 @@ TEST_F(DispatchDisaggregatedTest, QueuedPrefillsLongerThanTheLeaseKeepTheirReser
     ASSERT_TRUE(runs[i].observer->finished()) << i << ": " << runs[i].observer->error().to_string();
   }
   const auto took = std::chrono::steady_clock::now() - t0;
-  // The last prefill waited behind three others: far past the 300 ms lease.
-  ASSERT_GT(took, 2 * o.lease) << "the prefills were too quick to test renewal";
+  // The last prefill waited behind seven others: well past the 600 ms lease.
+  ASSERT_GT(took, o.lease + o.lease / 2) << "the prefills were too quick to test renewal";
   const auto load = decode.client->load();
   ASSERT_TRUE(load.ok());
   EXPECT_GE(load->leases_renewed(), 1u);
