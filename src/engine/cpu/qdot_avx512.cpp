@@ -249,22 +249,10 @@ void VnniDot::tile_k_wide(const std::byte* w, uint64_t row_bytes, const QuantAct
         }
       }
     }
-    for (int t = 0; t < T; ++t) {
-      const float dx = x.d[(t0 + t) * nu + u];
-      __m256i xs16;
-      if constexpr (W::kMin) xs16 = simd::load256(x.sum16 + (t0 + t) * (x.n / 16) + u * 16);
-      for (int r = 0; r < R; ++r) {
-        const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(acc[r][t]),
-                                              _mm512_extracti64x4_epi64(acc[r][t], 1));
-        as[r][t] =
-            _mm256_fmadd_ps(_mm256_set1_ps(v[r].d * dx), _mm256_cvtepi32_ps(isum), as[r][t]);
-        if constexpr (W::kMin) {
-          const __m256i bsum = _mm256_madd_epi16(v[r].mn16, xs16);
-          as[r][t] =
-              _mm256_fmadd_ps(_mm256_set1_ps(v[r].m * dx), _mm256_cvtepi32_ps(bsum), as[r][t]);
-        }
-      }
-    }
+    simd::unit_fmas<W, R, T>(v, x, t0, u, as, [&](int r, int t) {
+      return _mm256_add_epi32(_mm512_castsi512_si256(acc[r][t]),
+                              _mm512_extracti64x4_epi64(acc[r][t], 1));
+    });
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[t * y_stride + r] = simd::hsum(as[r][t]);

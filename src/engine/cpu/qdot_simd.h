@@ -439,6 +439,31 @@ inline void tile_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
 // Then per super-block, the reference's two fmas. One (row, token) alone (decode) splits its
 // integer sum over four accumulators (exact in any order), so that no block waits for the one
 // before.
+// The end of a K-quant super-block u for an R x T tile: per (row, token) the reference's two
+// fmas, d·dx times the exact integer sum isum(r, t) (8 lanes) and, with a min, m·dx times the
+// blocks' min sums. One definition for every tile kernel (tile_k, VnniDot::tile_k_wide): their
+// bits are equal because these steps are.
+template <class W, int R, int T, class IntSum>
+[[gnu::always_inline]] inline void unit_fmas(const UnitVec (&v)[R], const QuantActs& x,
+                                             int64_t t0, int64_t u, __m256 (&as)[R][T],
+                                             IntSum&& isum) {
+  const int64_t nu = x.n / 256;
+  for (int t = 0; t < T; ++t) {
+    const float dx = x.d[(t0 + t) * nu + u];
+    __m256i xs16;
+    if constexpr (W::kMin) xs16 = load256(x.sum16 + (t0 + t) * (x.n / 16) + u * 16);
+    for (int r = 0; r < R; ++r) {
+      as[r][t] =
+          _mm256_fmadd_ps(_mm256_set1_ps(v[r].d * dx), _mm256_cvtepi32_ps(isum(r, t)), as[r][t]);
+      if constexpr (W::kMin) {
+        const __m256i bsum = _mm256_madd_epi16(v[r].mn16, xs16);
+        as[r][t] =
+            _mm256_fmadd_ps(_mm256_set1_ps(v[r].m * dx), _mm256_cvtepi32_ps(bsum), as[r][t]);
+      }
+    }
+  }
+}
+
 template <class Dot, class W, int R, int T>
 inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                    float* y, int64_t y_stride) {
@@ -482,21 +507,11 @@ inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, i
         }
       }
     }
-    for (int t = 0; t < T; ++t) {
-      const float dx = x.d[(t0 + t) * nu + u];
-      __m256i xs16;
-      if constexpr (W::kMin) xs16 = load256(x.sum16 + (t0 + t) * (x.n / 16) + u * 16);
-      for (int r = 0; r < R; ++r) {
-        __m256i isum = acc[r][t][0];
-        for (int k = 1; k < kSplit; ++k) isum = _mm256_add_epi32(isum, acc[r][t][k]);
-        as[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(v[r].d * dx), _mm256_cvtepi32_ps(isum), as[r][t]);
-        if constexpr (W::kMin) {
-          const __m256i bsum = _mm256_madd_epi16(v[r].mn16, xs16);
-          as[r][t] =
-              _mm256_fmadd_ps(_mm256_set1_ps(v[r].m * dx), _mm256_cvtepi32_ps(bsum), as[r][t]);
-        }
-      }
-    }
+    unit_fmas<W, R, T>(v, x, t0, u, as, [&](int r, int t) {
+      __m256i isum = acc[r][t][0];
+      for (int k = 1; k < kSplit; ++k) isum = _mm256_add_epi32(isum, acc[r][t][k]);
+      return isum;
+    });
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[t * y_stride + r] = hsum(as[r][t]);
