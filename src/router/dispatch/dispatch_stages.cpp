@@ -15,16 +15,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // One unary RPC: its context, request and response live together until its callback has run.
+// The op also holds its worker's endpoint and the dispatcher's core, and lets them go after its
+// context, in that order (members are destroyed in reverse). The context holds the worker's
+// channel, and the op's last reference may go on a gRPC callback thread, maybe after the
+// dispatcher has shut down: while the core lives its pools hold the channel, so the op never
+// drops the last one there (worker_pools.h says why that must not happen), and a core dropped
+// there last is deleted on a thread of its own (dispatcher_impl.cpp).
 template <typename Request, typename Response>
 struct UnaryOp {
+  std::shared_ptr<DispatchCore> core;
+  std::shared_ptr<WorkerEndpoint> worker;
   grpc::ClientContext ctx;
   Request request;
   Response response;
 };
 
 template <typename Request, typename Response>
-std::shared_ptr<UnaryOp<Request, Response>> unary_op(std::chrono::milliseconds timeout) {
+std::shared_ptr<UnaryOp<Request, Response>> unary_op(std::shared_ptr<DispatchCore> core,
+                                                     std::shared_ptr<WorkerEndpoint> worker,
+                                                     std::chrono::milliseconds timeout) {
   auto op = std::make_shared<UnaryOp<Request, Response>>();
+  op->core = std::move(core);
+  op->worker = std::move(worker);
   op->ctx.set_deadline(std::chrono::system_clock::now() + timeout);
   return op;
 }
@@ -81,7 +93,7 @@ class TokenStream final : public grpc::ClientReadReactor<v1::TokenEvent> {
 
 void DispatchCall::start_reserve() {
   const auto& t = core_->options.timeouts;
-  auto op = unary_op<v1::ReserveRequest, v1::KvDestination>(t.reserve);
+  auto op = unary_op<v1::ReserveRequest, v1::KvDestination>(core_, workers_.decode, t.reserve);
   op->request.set_request_id(id_);
   // A migration's prefill writes the KV of its resume tokens too.
   op->request.set_num_prompt_tokens(static_cast<int64_t>(prompt_.size() + resume_.size()));
@@ -127,6 +139,7 @@ void DispatchCall::start_prefill(v1::KvDestination destination, bool early) {
   const auto& t = core_->options.timeouts;
   // What the wait for room on a prefill worker left of the deadline.
   auto op = unary_op<v1::PrefillRequest, v1::PrefillResponse>(
+      core_, workers_.prefill,
       std::max(t.prefill - queue_waited_, std::chrono::milliseconds(1)));
   op->request.set_request_id(id_);
   op->request.mutable_prompt_tokens()->Assign(prompt_.begin(), prompt_.end());
@@ -269,15 +282,16 @@ void DispatchCall::send_renewal(const std::shared_ptr<WorkerEndpoint>& worker, u
                                 std::chrono::milliseconds lease,
                                 std::chrono::milliseconds full_lease, const char* not_found,
                                 std::function<void(bool)> then) {
-  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(renewal_deadline(full_lease));
+  auto op = unary_op<v1::RenewLeaseRequest, v1::RenewLeaseResponse>(core_, worker,
+                                                                    renewal_deadline(full_lease));
   op->request.set_request_id(id);
   op->request.set_lease_ms(lease.count());
   worker->stub->async()->RenewLease(
       &op->ctx, &op->request, &op->response,
-      [op, worker, not_found, then = std::move(then)](grpc::Status s) {
+      [op, not_found, then = std::move(then)](grpc::Status s) {
         const bool renewed = s.ok() && op->response.renewed();
         if (!renewed) {
-          log::info("dispatch: worker {}: RenewLease of request {}: {}", worker->address,
+          log::info("dispatch: worker {}: RenewLease of request {}: {}", op->worker->address,
                     op->request.request_id(), s.ok() ? not_found : s.error_message());
         }
         then(renewed);
@@ -488,41 +502,31 @@ void DispatchCall::stream_ended(const std::shared_ptr<WorkerEndpoint>& worker, c
 
 namespace {
 
-// What a clean-up RPC's callback holds: its worker's endpoint and, released after it, the
-// dispatcher's core. The callback outlives its request, and maybe the dispatcher: the endpoint
-// (its channel) must not be released last there, on a gRPC callback thread, while shutdown()
-// waits for the core (see worker_pools.h).
-struct CleanupHold {
-  std::shared_ptr<DispatchCore> core;
-  std::shared_ptr<WorkerEndpoint> worker;  // destroyed first
-};
-
 }  // namespace
 
 void DispatchCall::abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {
-  auto op = unary_op<v1::AbortRequest, v1::AbortResponse>(core_->options.timeouts.cleanup);
+  // The callback outlives its request, and maybe the dispatcher: the op holds what it needs.
+  auto op = unary_op<v1::AbortRequest, v1::AbortResponse>(core_, worker,
+                                                          core_->options.timeouts.cleanup);
   op->request.set_request_id(id);
-  worker->stub->async()->Abort(&op->ctx, &op->request, &op->response,
-                               [op, hold = CleanupHold{core_, worker}](grpc::Status s) {
-                                 if (!s.ok()) {
-                                   log::debug("dispatch: worker {}: Abort of request {}: {}",
-                                              hold.worker->address, op->request.request_id(),
-                                              s.error_message());
-                                 }
-                               });
+  worker->stub->async()->Abort(&op->ctx, &op->request, &op->response, [op](grpc::Status s) {
+    if (!s.ok()) {
+      log::debug("dispatch: worker {}: Abort of request {}: {}", op->worker->address,
+                 op->request.request_id(), s.error_message());
+    }
+  });
 }
 
 void DispatchCall::release_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {
-  auto op = unary_op<v1::ReleaseRequest, v1::ReleaseResponse>(core_->options.timeouts.cleanup);
+  auto op = unary_op<v1::ReleaseRequest, v1::ReleaseResponse>(core_, worker,
+                                                              core_->options.timeouts.cleanup);
   op->request.set_request_id(id);
-  worker->stub->async()->Release(&op->ctx, &op->request, &op->response,
-                                 [op, hold = CleanupHold{core_, worker}](grpc::Status s) {
-                                   if (!s.ok()) {
-                                     log::debug("dispatch: worker {}: Release of request {}: {}",
-                                                hold.worker->address, op->request.request_id(),
-                                                s.error_message());
-                                   }
-                                 });
+  worker->stub->async()->Release(&op->ctx, &op->request, &op->response, [op](grpc::Status s) {
+    if (!s.ok()) {
+      log::debug("dispatch: worker {}: Release of request {}: {}", op->worker->address,
+                 op->request.request_id(), s.error_message());
+    }
+  });
 }
 
 }  // namespace cleave::router
