@@ -216,7 +216,7 @@ void FabricRail::reopen() {
     free_op(op);
   }
   inflight_.clear();
-  for (auto& [op, peer] : wakes_inflight_) free_op(op);
+  for (OpContext* op : wakes_inflight_) free_op(op);
   wakes_inflight_.clear();
   hellos_due_.clear();
   writes_inflight_ = 0;

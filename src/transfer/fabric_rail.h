@@ -231,11 +231,6 @@ class FabricRail {
   // Connection-based providers: sends each peer in hellos_due_ a wake-up, which makes the
   // provider start the connection now instead of at the first write (see connects_).
   void send_hellos();
-  // Whether something sent to `peer` on this endpoint has completed: where the provider makes
-  // connections (connects_), posts refused before that are the connection being made.
-  bool connected(PeerRecord* peer) const {
-    return !connects_ || last_completion_.count(peer) > 0;
-  }
   // Posts `wire` from a free send slot as an operation of `kind` to `dest`: the operation, or
   // null with the fi_send result in `*rc` (-FI_EAGAIN also when no slot is free).
   OpContext* send_wire(OpContext::Kind kind, const NoticeWire& wire, fi_addr_t dest,
@@ -291,8 +286,8 @@ class FabricRail {
   bool cq_waitable_ = false;
   bool wake_peers_ = false;  // the endpoint does not count incoming writes: peers need wake-ups
   // The provider connects to a peer on the first message (ofi_rxm over tcp or verbs, efa's
-  // handshake): the connection is started when the peer is inserted (a hello), and posts
-  // refused before the first completion from the peer are bounded by connect_timeout_ms.
+  // handshake): the connection is started when the peer is inserted (a hello), so that it is
+  // made while the first request queues and computes, not inside its first write's bound.
   bool connects_ = false;
   mutable std::mutex name_mu_;  // guards name_ (readable while the rail is stuck)
   std::string name_;
@@ -333,10 +328,9 @@ class FabricRail {
   std::deque<std::shared_ptr<TransferState>> pending_notices_;  // waiting for a send slot
   // Writes and notices in flight, each at its OpContext::inflight_at (no allocation per post).
   std::vector<OpContext*> inflight_;
-  // Wake-ups (no transfer behind them), with the peer each went to.
-  std::unordered_map<OpContext*, PeerRecord*> wakes_inflight_;
+  std::unordered_set<OpContext*> wakes_inflight_;  // wake-ups (no transfer behind them)
   // Peers that get a wake-up as soon as a send slot and the provider take it, and since when
-  // (a hello is dropped after connect_timeout_ms: the writes that follow will tell).
+  // (a hello is dropped after completion_timeout_ms: the writes that follow will tell).
   std::vector<std::pair<PeerRecord*, Clock::time_point>> hellos_due_;
   std::vector<OpContext*> abandoned_;  // timed out, never completed by the provider
   std::unordered_map<PeerRecord*, Clock::time_point> last_completion_;

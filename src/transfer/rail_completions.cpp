@@ -78,10 +78,7 @@ void FabricRail::handle_completion(OpContext* op, bool error, const std::string&
   }
   if (op->kind == OpContext::Kind::kWake) {
     // Only a hint: an error (the peer is gone) shows up on the writes that follow.
-    auto it = wakes_inflight_.find(op);
-    if (it == wakes_inflight_.end()) return;  // released by a reopen
-    if (!error && it->second) last_completion_[it->second] = now;  // connected
-    wakes_inflight_.erase(it);
+    if (wakes_inflight_.erase(op) == 0) return;  // released by a reopen
     free_send_slots_.push_back(op->slot);
     free_op(op);
     return;
@@ -269,13 +266,9 @@ void FabricRail::check_timeouts() {
             TransferErrorKind::kTimeout);
   }
   // A peer whose writes the provider keeps refusing with -FI_EAGAIN fails the same way.
-  // Before the first completion from a peer, a provider that connects on the first message
-  // refuses posts while it makes the connection: that has its own bound.
-  const auto connect_bound = std::chrono::milliseconds(settings_.connect_timeout_ms);
   for (auto it = eagain_since_.begin(); it != eagain_since_.end();) {
+    if (now - it->second.since <= bound) { ++it; continue; }
     PeerRecord* peer = it->first;
-    const bool connecting = !connected(peer);
-    if (now - it->second.since <= (connecting ? connect_bound : bound)) { ++it; continue; }
     // shm: refusals behind another peer's unanswered operation (its completions hold back
     // ours, and with them the credits): the rebuild that fault causes clears them.
     if (leak_on_reopen_ && (culprit || reopen_wanted_ || held_back_by_other(peer, it->second.since))) {
@@ -285,19 +278,12 @@ void FabricRail::check_timeouts() {
     peer->unreachable.store(true);
     for (auto& w : ready_) {
       if (w.transfer->peer.get() != peer) continue;
-      w.transfer->finish(
-          DeadlineExceeded(
-              connecting
-                  ? fmt::format("rail {} ({}) could not connect to peer {:016x} within {} ms "
-                                "(transfer.connect_timeout_ms; its posts were refused with "
-                                "-FI_EAGAIN); the peer is marked unreachable",
-                                index_, provider_name(), peer->engine_id,
-                                settings_.connect_timeout_ms)
-                  : fmt::format("rail {} ({}) could not post a write to peer {:016x} for {} ms "
-                                "(-FI_EAGAIN); the peer is marked unreachable",
-                                index_, provider_name(), peer->engine_id,
-                                settings_.completion_timeout_ms)),
-          TransferErrorKind::kTimeout);
+      w.transfer->finish(DeadlineExceeded(fmt::format(
+                             "rail {} ({}) could not post a write to peer {:016x} for {} ms "
+                             "(-FI_EAGAIN); the peer is marked unreachable",
+                             index_, provider_name(), peer->engine_id,
+                             settings_.completion_timeout_ms)),
+                         TransferErrorKind::kTimeout);
       break;
     }
     it = eagain_since_.erase(it);

@@ -297,12 +297,12 @@ void FabricRail::maybe_wake(PeerSlot& slot) {
   OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0, 0},
                             slot.addr, &rc);
   if (!op) return;  // no slot, -FI_EAGAIN or worse: the writes that follow will tell
-  wakes_inflight_.emplace(op, slot.peer.lock().get());
+  wakes_inflight_.insert(op);
   slot.woken = now;
 }
 
 void FabricRail::send_hellos() {
-  const auto bound = std::chrono::milliseconds(settings_.connect_timeout_ms);
+  const auto bound = std::chrono::milliseconds(settings_.completion_timeout_ms);
   std::erase_if(hellos_due_, [&](const std::pair<PeerRecord*, Clock::time_point>& due) {
     auto it = peers_.find(due.first);
     if (!ep_ || it == peers_.end() || it->second.addr == FI_ADDR_NOTAVAIL ||
@@ -318,7 +318,7 @@ void FabricRail::send_hellos() {
                  due.first->engine_id, fi_strerror(static_cast<int>(-rc)));
       return true;  // the writes that follow will tell
     }
-    wakes_inflight_.emplace(op, due.first);
+    wakes_inflight_.insert(op);
     it->second.woken = pass_now_;
     return true;
   });

@@ -19,10 +19,6 @@ void register_transfer_settings(TransferSettings& t, SettingsRegistry& r) {
   r.add_int("transfer.completion_timeout_ms", &t.completion_timeout_ms,
             "A write with no completion for this long fails and marks its peer unreachable.", 1,
             3600000);
-  r.add_int("transfer.connect_timeout_ms", &t.connect_timeout_ms,
-            "Connection-based providers (tcp;ofi_rxm, verbs;ofi_rxm, efa): writes to a peer not "
-            "yet connected may wait this long for the connection before they fail.", 1,
-            3600000);
   r.add_bool("transfer.delivery_complete", &t.delivery_complete,
              "Post writes with FI_DELIVERY_COMPLETE where the provider accepts it.");
   r.add_bool("transfer.hmem", &t.hmem,

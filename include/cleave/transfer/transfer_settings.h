@@ -27,12 +27,6 @@ struct TransferSettings {
   // A posted write (or notice) that sees no completion from its peer for this long fails its
   // transfer with DEADLINE_EXCEEDED and marks the peer unreachable.
   int64_t completion_timeout_ms = 5000;
-  // Where the provider connects to a peer on the first message (tcp;ofi_rxm, verbs;ofi_rxm,
-  // efa), posts refused with -FI_EAGAIN before anything sent to that peer has completed are
-  // the connection being made: they fail after this bound instead of completion_timeout_ms.
-  // The connection is started when the peer is connected (a wake-up message goes to it then),
-  // so that it is made while the first request is still computing.
-  int64_t connect_timeout_ms = 5000;
   // Post writes with FI_DELIVERY_COMPLETE when the provider accepts it (the notice is always
   // sent only after every write of its batch has completed).
   bool delivery_complete = true;

@@ -577,48 +577,6 @@ TEST_F(FabricRailTest, ConnectionBasedProviderStartsTheConnectionWhenAPeerIsInse
   EXPECT_EQ(fabric_->accepted_count(), 0u);
 }
 
-TEST_F(FabricRailTest, PostsRefusedBeforeThePeerIsConnectedHaveTheConnectBound) {
-  TransferSettings s;
-  s.completion_timeout_ms = 100;
-  s.connect_timeout_ms = 700;
-  fabric_->provider = "tcp;ofi_rxm";
-  fabric_->refuse_all = true;  // the connection is never made
-  auto rail = make_rail(s);
-  auto a = add_peer(*rail, "A", 0xa);
-  Batch batch = make_batch(a, 2, 0);
-  auto t = batch.state;
-  const auto start = Clock::now();
-  rail->enqueue(std::move(batch.work));
-  ASSERT_TRUE(drive(*rail, [&] { return t->is_done(); }, 30s));
-  EXPECT_GE(Clock::now() - start, 700ms);  // not the 100 ms completion bound
-  Status st = status_of(t);
-  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(st.message().find("could not connect to peer 000000000000000a within 700 ms"),
-            std::string::npos) << st.message();
-  EXPECT_TRUE(a->unreachable.load());
-
-  // Once something sent to the peer has completed, refusals are bounded by the completion
-  // timeout again.
-  fabric_ = std::make_shared<FakeFabric>();
-  fabric_->provider = "tcp;ofi_rxm";
-  auto connected = make_rail(s);
-  auto b = add_peer(*connected, "B", 0xb);
-  EXPECT_EQ(accepted_kinds(*fabric_), "W");  // the hello, accepted at the insert
-  for (int i = 0; i < 3; ++i) connected->try_progress();  // its completion is read
-  {
-    std::lock_guard<std::mutex> lock(fabric_->mu);
-    fabric_->refuse_all = true;
-  }
-  Batch later = make_batch(b, 1, 0);
-  auto tl = later.state;
-  connected->enqueue(std::move(later.work));
-  ASSERT_TRUE(drive(*connected, [&] { return tl->is_done(); }, 30s));
-  st = status_of(tl);
-  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(st.message().find("could not post a write to peer 000000000000000b for 100 ms"),
-            std::string::npos) << st.message();
-}
-
 TEST_F(FabricRailTest, PeerProcessThatExitsFailsItsWritesInFlightLongBeforeTheBound) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);

@@ -52,8 +52,6 @@ class FakeFabric {
   // Every post (write or send) is refused with -FI_EAGAIN this many times before one is
   // accepted; the count starts again after each accepted post.
   int refuse_each_post = 0;
-  // While set, every post is refused with -FI_EAGAIN (a connection that is never made).
-  bool refuse_all = false;
   // A provider queue of this many entries: posts are refused with -FI_EAGAIN while this many
   // operations are accepted and their completions not yet read (0: unlimited).
   size_t queue_entries = 0;
@@ -221,7 +219,7 @@ class FakeEndpoint final : public RailEndpoint {
       ++f.refusals;
       return -FI_EAGAIN;
     }
-    if (f.refuse_all || (f.queue_entries > 0 && unreaped_ >= f.queue_entries)) {
+    if (f.queue_entries > 0 && unreaped_ >= f.queue_entries) {
       ++f.refusals;
       return -FI_EAGAIN;
     }
