@@ -137,7 +137,10 @@ class TransferEngine {
 
   // Inserts the peer's endpoint names (from its address()) into the address vectors and
   // returns the peer id to use in batches. Connecting twice to one engine returns the same id
-  // and clears an earlier "unreachable" mark.
+  // and clears an earlier "unreachable" mark. Where the provider makes a connection at the
+  // first message (ofi_rxm over tcp or verbs, efa), each rail sends the peer a small message
+  // now, so that the connection is made before the first batch rather than inside its
+  // completion bound.
   Result<uint64_t> connect(std::string_view peer_address);
   // False when `peer` (a connect() id) is marked unreachable: a transfer to it failed (or was
   // refused) since its last connect(), so submit() refuses new batches until it is connected
