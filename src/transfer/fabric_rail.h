@@ -228,6 +228,9 @@ class FabricRail {
   // Sends `slot` a wake-up unless one went out within half the hot window (or no send slot
   // is free: a wake-up is only a hint).
   void maybe_wake(PeerSlot& slot);
+  // Sends `slot` a wake-up now: the operation (tracked in wakes_inflight_, slot.woken stamped),
+  // or null with the fi_send result in `*rc` (send_wire).
+  OpContext* send_wake(PeerSlot& slot, ssize_t* rc);
   // Connection-based providers: sends each peer in hellos_due_ a wake-up, which makes the
   // provider start the connection now instead of at the first write (see connects_).
   void send_hellos();

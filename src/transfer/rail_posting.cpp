@@ -294,11 +294,17 @@ void FabricRail::maybe_wake(PeerSlot& slot) {
   const auto now = pass_now_;
   if (now - slot.woken < hot / 2) return;
   ssize_t rc = 0;
+  (void)send_wake(slot, &rc);  // no slot, -FI_EAGAIN or worse: the writes that follow will tell
+}
+
+OpContext* FabricRail::send_wake(PeerSlot& slot, ssize_t* rc) {
   OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0, 0},
-                            slot.addr, &rc);
-  if (!op) return;  // no slot, -FI_EAGAIN or worse: the writes that follow will tell
-  wakes_inflight_.insert(op);
-  slot.woken = now;
+                            slot.addr, rc);
+  if (op) {
+    wakes_inflight_.insert(op);
+    slot.woken = pass_now_;
+  }
+  return op;
 }
 
 void FabricRail::send_hellos() {
@@ -310,17 +316,11 @@ void FabricRail::send_hellos() {
       return true;
     }
     ssize_t rc = 0;
-    OpContext* op = send_wire(OpContext::Kind::kWake, NoticeWire{kWakeMagic, engine_id_, 0, 0},
-                              it->second.addr, &rc);
+    if (send_wake(it->second, &rc)) return true;
     if (rc == -FI_EAGAIN) return false;  // the provider may be connecting: ask again next pass
-    if (!op) {
-      log::debug("transfer rail {}: the hello to peer {:016x} was refused: {}", index_,
-                 due.first->engine_id, fi_strerror(static_cast<int>(-rc)));
-      return true;  // the writes that follow will tell
-    }
-    wakes_inflight_.insert(op);
-    it->second.woken = pass_now_;
-    return true;
+    log::debug("transfer rail {}: the hello to peer {:016x} was refused: {}", index_,
+               due.first->engine_id, fi_strerror(static_cast<int>(-rc)));
+    return true;  // the writes that follow will tell
   });
 }
 

@@ -245,10 +245,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The int16 multipliers of madd for block jb of a K-quant super-block: lanes 0-7 take the scale
-// of its elements 0-15, lanes 8-15 that of 16-31. One byte shuffle of the scale bytes (into
-// the low byte of each int16, the high one zeroed) where the scales are unsigned; into the high
-// byte, then an arithmetic shift by 8, where they are signed.
 // block_scales' 32 shuffle bytes for block jb, into pick.
 template <class W>
 inline void scale_pick(int jb, char* pick) {
@@ -263,6 +259,10 @@ inline void scale_pick(int jb, char* pick) {
     pick[2 * i + 1 - at] = z;
   }
 }
+// The int16 multipliers of madd for block jb of a K-quant super-block: lanes 0-7 take the scale
+// of its elements 0-15, lanes 8-15 that of 16-31. One byte shuffle of the scale bytes (into
+// the low byte of each int16, the high one zeroed) where the scales are unsigned; into the high
+// byte, then an arithmetic shift by 8, where they are signed.
 template <class W>
 inline __m256i block_scales(__m256i scb, int jb) {
   alignas(32) char pick[32];
@@ -428,17 +428,6 @@ inline void tile_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
       y[t * y_stride + r] = hsum(as[r][t]) + (W::kMin ? mins[t * R + r] : 0.0f);
 }
 
-// The K-quants (kernel_set.h, activations in 256-element groups): R rows x T tokens. Per
-// super-block, each (row, token) sums its eight blocks' lane sums times their sub-scales in an
-// int32 vector, exactly: the unsigned levels times xq in int16 pairs (maddubs; a signed
-// format's offset times xq taken off, maddubs(offset, xq) made once per token and block: every
-// pair stays below 2^15), then Dot::madd_acc applies the pair's sub-scale and adds (VNNI: one
-// vpdpwssd). Each block's R rows are unpacked first and the tokens then come one at a time, so
-// that only R x T accumulators and 2 R row vectors stay in registers (VNNI 4 x 6: 32; with the
-// six token vectors held as well they had spilled, 123-125 against 128-135 GFLOP/s for Q6_K).
-// Then per super-block, the reference's two fmas. One (row, token) alone (decode) splits its
-// integer sum over four accumulators (exact in any order), so that no block waits for the one
-// before.
 // The end of a K-quant super-block u for an R x T tile: per (row, token) the reference's two
 // fmas, d·dx times the exact integer sum isum(r, t) (8 lanes) and, with a min, m·dx times the
 // blocks' min sums. One definition for every tile kernel (tile_k, VnniDot::tile_k_wide): their
@@ -464,6 +453,17 @@ template <class W, int R, int T, class IntSum>
   }
 }
 
+// The K-quants (kernel_set.h, activations in 256-element groups): R rows x T tokens. Per
+// super-block, each (row, token) sums its eight blocks' lane sums times their sub-scales in an
+// int32 vector, exactly: the unsigned levels times xq in int16 pairs (maddubs; a signed
+// format's offset times xq taken off, maddubs(offset, xq) made once per token and block: every
+// pair stays below 2^15), then Dot::madd_acc applies the pair's sub-scale and adds (VNNI: one
+// vpdpwssd). Each block's R rows are unpacked first and the tokens then come one at a time, so
+// that only R x T accumulators and 2 R row vectors stay in registers (VNNI 4 x 6: 32; with the
+// six token vectors held as well they had spilled, 123-125 against 128-135 GFLOP/s for Q6_K).
+// Then per super-block, the reference's two fmas. One (row, token) alone (decode) splits its
+// integer sum over four accumulators (exact in any order), so that no block waits for the one
+// before.
 template <class Dot, class W, int R, int T>
 inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                    float* y, int64_t y_stride) {

@@ -500,10 +500,6 @@ void DispatchCall::stream_ended(const std::shared_ptr<WorkerEndpoint>& worker, c
   attempt_failed(worker, std::move(error));
 }
 
-namespace {
-
-}  // namespace
-
 void DispatchCall::abort_on(const std::shared_ptr<WorkerEndpoint>& worker, uint64_t id) {
   // The callback outlives its request, and maybe the dispatcher: the op holds what it needs.
   auto op = unary_op<v1::AbortRequest, v1::AbortResponse>(core_, worker,

@@ -87,9 +87,9 @@ class DispatchPrefillQueueTest : public SlowModelTest {
     o.mode = DispatchMode::kDisaggregated;
     o.prefill.workers = {prefill_.address};
     o.decode.workers = {decode_.address};
-    // Long enough to outlast a stall of the whole machine (a CI run once saw both workers
-    // unscheduled for 4 s beside a test whose leaked shm rail spins): these tests are about
-    // the router's queue, not about leases.
+    // Long enough to outlast a stall of the whole machine (a full ctest -j2 run once logged
+    // nothing from either worker for 4 s, beside e2e_serve_worker_failure): these tests are
+    // about the router's queue, not about leases.
     o.lease = 10000ms;
     o.prefill_queue_tokens = room;
     o.metrics = &registry_;

@@ -179,27 +179,30 @@ TEST_F(FabricRailTest, NoticeIsPostedOnlyAfterEveryWriteOfItsBatchCompleted) {
 // A peer whose provider counts no incoming writes (tcp: no FI_RMA_EVENT) would sleep in
 // fi_cq_sread while our writes arrive; a wake-up goes ahead of the writes, at most one per half
 // hot window, and is only a hint (it is no part of any transfer, and no notice).
+// The kinds of the accepted posts in order: w a write, W a wake-up, N a notice.
+std::string accepted_kinds(FakeFabric& f) {
+  std::lock_guard<std::mutex> lock(f.mu);
+  std::string k;
+  for (const FakeOp& op : f.accepted) {
+    if (op.kind == FakeOp::Kind::kWrite) {
+      k += 'w';
+      continue;
+    }
+    NoticeWire wire;
+    EXPECT_EQ(op.payload.size(), sizeof(wire));
+    std::memcpy(&wire, op.payload.data(), std::min(op.payload.size(), sizeof(wire)));
+    k += wire.magic == kWakeMagic ? 'W' : wire.magic == kNoticeMagic ? 'N' : '?';
+  }
+  return k;
+}
+
 TEST_F(FabricRailTest, WakeUpGoesAheadOfWritesWhereIncomingWritesAreNotCounted) {
   fabric_->remote_write_counter = false;
   TransferSettings s;
   s.idle_poll_us = 200000;  // a half window of 100 ms: the test decides when it has passed
   auto rail = make_rail(s);
   auto peer = add_peer(*rail, "A", 0xa);
-  auto kinds = [&] {
-    std::lock_guard<std::mutex> lock(fabric_->mu);
-    std::string k;
-    for (const FakeOp& op : fabric_->accepted) {
-      if (op.kind == FakeOp::Kind::kWrite) {
-        k += 'w';
-        continue;
-      }
-      NoticeWire wire;
-      EXPECT_EQ(op.payload.size(), sizeof(wire));
-      std::memcpy(&wire, op.payload.data(), sizeof(wire));
-      k += wire.magic == kWakeMagic ? 'W' : wire.magic == kNoticeMagic ? 'N' : '?';
-    }
-    return k;
-  };
+  auto kinds = [&] { return accepted_kinds(*fabric_); };
   Batch first = make_batch(peer, 3, 0x10000, 7);
   rail->enqueue(std::move(first.work));
   ASSERT_TRUE(drive(*rail, [&] { return first.state->is_done(); }));
@@ -532,22 +535,6 @@ TEST_F(FabricRailTest, PostsRefusedForeverFailWithinTheBound) {
                               "(-FI_EAGAIN)"), std::string::npos) << st.message();
   EXPECT_TRUE(a->unreachable.load());
   EXPECT_EQ(fabric_->accepted_count(), 0u);
-}
-
-// The kinds of the accepted posts in order: w a write, W a wake-up, N a notice.
-std::string accepted_kinds(FakeFabric& f) {
-  std::lock_guard<std::mutex> lock(f.mu);
-  std::string k;
-  for (const FakeOp& op : f.accepted) {
-    if (op.kind == FakeOp::Kind::kWrite) {
-      k += 'w';
-      continue;
-    }
-    NoticeWire wire;
-    std::memcpy(&wire, op.payload.data(), std::min(op.payload.size(), sizeof(wire)));
-    k += wire.magic == kWakeMagic ? 'W' : wire.magic == kNoticeMagic ? 'N' : '?';
-  }
-  return k;
 }
 
 TEST_F(FabricRailTest, ConnectionBasedProviderStartsTheConnectionWhenAPeerIsInserted) {
