@@ -86,10 +86,7 @@ struct TransferEngine::Impl : ProgressDriver {
   }
 
   // The bound of holding_looks_stuck().
-  std::chrono::milliseconds stuck_after() const {
-    return std::chrono::milliseconds(
-        std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
-  }
+  std::chrono::milliseconds stuck_after() const { return stuck_bound(settings); }
   // Queues `work` on the rail at `index`; when that rail was just declared stuck, waits (up to
   // the watchdog's bound and a second) for its replacement to enter the view and queues there.
   void enqueue_on(size_t index, std::vector<RailWork>&& work);

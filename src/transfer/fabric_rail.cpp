@@ -277,10 +277,21 @@ fi_addr_t FabricRail::addr_of(PeerRecord* peer) const {
   return it == peers_.end() ? FI_ADDR_NOTAVAIL : it->second.addr;
 }
 
+bool FabricRail::lock_from_outside(std::unique_lock<std::timed_mutex>& lock) {
+  const auto deadline = Clock::now() + stuck_bound(settings_) * kStuckWallFactor +
+                        std::chrono::milliseconds(settings_.completion_timeout_ms);
+  for (;;) {
+    if (stuck_.load()) return false;
+    const auto now = Clock::now();
+    driven_at_ns_.store(steady_ns(now), std::memory_order_relaxed);
+    if (lock.try_lock_for(kDriverGrace / 2)) return !stuck_.load();
+    if (now >= deadline) return false;
+  }
+}
+
 Status FabricRail::insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name) {
   std::unique_lock<std::timed_mutex> lock(progress_mu_, std::defer_lock);
-  if (stuck_.load() ||
-      !lock.try_lock_for(std::chrono::milliseconds(settings_.completion_timeout_ms))) {
+  if (!lock_from_outside(lock)) {
     return Unavailable(fmt::format("rail {} ({}) is stuck inside the provider; it is being "
                                    "replaced, connect again", index_, provider_name()));
   }

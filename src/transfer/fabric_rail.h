@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 
@@ -205,6 +206,13 @@ class FabricRail {
   // A waiter drove this rail within the last kDriverGrace: the thread steps aside.
   bool driven_recently(Clock::time_point now) const;
   void nap_while_driven();
+  // Takes `lock` (on progress_mu_) for a caller outside the rail's passes (insert_peer). The
+  // rail's own thread steps aside meanwhile, as it does for a waiter: a thread that blocked on
+  // the lock would otherwise lose it, unlock after unlock, to the rail's polling loop on a
+  // loaded host. A holder that keeps the lock is waited for as long as the watchdog would wait
+  // before it declares the rail stuck. False when the rail is (or is then) declared stuck, or
+  // when even that wait ran out.
+  bool lock_from_outside(std::unique_lock<std::timed_mutex>& lock);
   void wake();
   // Called with tracked_mu_ held: remembers the transfers of `work` (a container of RailWork).
   template <class Work>
@@ -379,6 +387,11 @@ class FabricRail {
 // it used (blocked in the kernel). A holder that an overloaded host merely does not schedule
 // uses no CPU: it is waited for that long, not declared stuck.
 inline constexpr int kStuckWallFactor = 10;
+// The bound of holding_looks_stuck() under `settings` (the engine's watchdog uses it).
+inline std::chrono::milliseconds stuck_bound(const TransferSettings& settings) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
+}
 inline bool holding_looks_stuck(Clock::duration busy, int64_t cpu_used_ns,
                                 std::chrono::milliseconds bound) {
   if (busy <= bound) return false;

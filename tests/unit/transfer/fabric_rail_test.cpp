@@ -864,6 +864,56 @@ TEST_F(FabricRailTest, HolderCpuTimeTellsASpinningPostFromAWaitingOne) {
   EXPECT_EQ(rail->holder_cpu_ns(), -1);
 }
 
+// Connecting (insert_peer) waits for a lock holder that the watchdog would not call stuck,
+// here a post that sleeps three completion bounds inside the provider; it used to give up
+// after one bound and tell the caller that the rail was stuck. A rail that is declared stuck
+// meanwhile ends the wait at once.
+TEST_F(FabricRailTest, InsertingAPeerWaitsForASlowHolderAndStopsWhenTheRailIsDeclaredStuck) {
+  TransferSettings s;
+  s.completion_timeout_ms = 100;
+  std::atomic<bool> inside{false}, release{false};
+  std::atomic<int> sleep_ms{300};
+  fabric_->outcome = [&](const FakeOp&) {
+    inside = true;
+    const auto until = Clock::now() + std::chrono::milliseconds(sleep_ms.load());
+    while (!release.load() && Clock::now() < until) std::this_thread::sleep_for(1ms);
+    return Outcome::complete();
+  };
+  auto rail = make_rail(s);
+  auto a = add_peer(*rail, "A", 0xa);
+  Batch b = make_batch(a, 1, 0);
+  std::thread submitter([&] { rail->enqueue(std::move(b.work)); });  // posts inline
+  while (!inside.load()) std::this_thread::sleep_for(1ms);
+  const auto t0 = Clock::now();
+  auto other = std::make_shared<PeerRecord>();
+  other->id = other->engine_id = 0xb;
+  Status st = rail->insert_peer(other, "B");
+  const auto waited = Clock::now() - t0;
+  EXPECT_TRUE(st.ok()) << st.to_string();
+  EXPECT_GE(waited, 150ms) << "the insert did not wait for the holder";
+  submitter.join();
+  ASSERT_TRUE(drive(*rail, [&] { return b.state->is_done(); }));
+
+  // A holder that never comes back: the watchdog declares the rail stuck.
+  inside = false;
+  sleep_ms = 60'000;
+  Batch c = make_batch(a, 1, kLen);
+  std::thread stuck_submitter([&] { rail->enqueue(std::move(c.work)); });
+  while (!inside.load()) std::this_thread::sleep_for(1ms);
+  auto third = std::make_shared<PeerRecord>();
+  third->id = third->engine_id = 0xc;
+  Status refused;
+  const auto t1 = Clock::now();
+  std::thread inserter([&] { refused = rail->insert_peer(third, "C"); });
+  std::this_thread::sleep_for(50ms);
+  rail->declare_stuck("declared stuck by the test");
+  inserter.join();
+  EXPECT_LT(Clock::now() - t1, 500ms) << "the insert kept waiting for a rail declared stuck";
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable) << refused.to_string();
+  release = true;
+  stuck_submitter.join();
+}
+
 TEST(HoldingLooksStuck, SpinningPastTheBoundOrHeldTenTimesItOrUnknownCpu) {
   using std::chrono::milliseconds;
   constexpr auto kBound = milliseconds(1000);
