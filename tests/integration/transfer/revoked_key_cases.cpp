@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cleave/transfer/transfer_engine.h"
+#include "fmt/format.h"
 
 namespace cleave::transfer {
 namespace {
@@ -47,9 +50,24 @@ class RevokedKeyTest : public ::testing::TestWithParam<std::string> {
     Batch b;
     b.peer = peer_;
     b.writes.push_back(WriteOp{src_region_, 0, remote, 0, kBytes});
+    const auto t0 = std::chrono::steady_clock::now();
     auto h = initiator_->submit(b);
-    if (!h.ok()) return h.status();
-    return h->wait(20s);
+    Status s = h.ok() ? h->wait(20s) : h.status();
+    note(fmt::format("write '{}': {}", fill, s.ok() ? std::string("ok") : s.to_string()), t0);
+    return s;
+  }
+
+  // Each step's outcome and time, printed when the test fails (a load flake's diagnosis).
+  void note(const std::string& what, std::chrono::steady_clock::time_point t0) {
+    const auto now = std::chrono::steady_clock::now();
+    steps_ += fmt::format("  +{} ms: {} ({} ms)\n",
+                          std::chrono::duration_cast<std::chrono::milliseconds>(now - start_).count(),
+                          what,
+                          std::chrono::duration_cast<std::chrono::milliseconds>(now - t0).count());
+  }
+
+  void TearDown() override {
+    if (HasFailure()) std::fprintf(stderr, "steps:\n%s", steps_.c_str());
   }
 
   // The refused write broke the connection (tcp: the target drops it) or timed out (shm: no
@@ -57,7 +75,9 @@ class RevokedKeyTest : public ::testing::TestWithParam<std::string> {
   // as the prefill worker does (WorkerCore::peer_for).
   void reconnect() {
     EXPECT_FALSE(initiator_->reachable(peer_)) << "a refused write left the peer reachable";
+    const auto t0 = std::chrono::steady_clock::now();
     auto peer = initiator_->connect(target_->address());
+    note(fmt::format("connect: {}", peer.ok() ? std::string("ok") : peer.status().to_string()), t0);
     ASSERT_TRUE(peer.ok()) << peer.status().to_string();
     peer_ = *peer;
     EXPECT_TRUE(initiator_->reachable(peer_));
@@ -76,6 +96,8 @@ class RevokedKeyTest : public ::testing::TestWithParam<std::string> {
   uint64_t src_region_ = 0;
   std::vector<char> src_ = std::vector<char>(kBytes);
   std::vector<char> dst_ = std::vector<char>(kBytes, 0);
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::string steps_;
 };
 
 TEST_P(RevokedKeyTest, WriteWithARevokedKeyFailsAndLeavesTheTargetUnchanged) {
