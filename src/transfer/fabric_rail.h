@@ -148,7 +148,8 @@ class FabricRail {
   // Inserts `peer` under endpoint name `name` into this rail's AV; a no-op when it is there
   // under that name already (re-inserts after a reopen of this rail, or when the peer's
   // endpoint was renamed by its own reopen). A reopen asked for by a connection error happens
-  // here first (see reopen_wanted_). Unavailable when the rail is stuck.
+  // here first (see reopen_wanted_). Waits for the progress lock as long as the watchdog
+  // would (lock_from_outside); Unavailable when the rail is declared stuck meanwhile.
   Status insert_peer(const std::shared_ptr<PeerRecord>& peer, const std::string& name);
   // Queues work and posts what it can right away when the progress lock is free (thread-safe,
   // never blocks on a rail whose progress is stuck inside the provider). Work given to a rail

@@ -140,7 +140,8 @@ class TransferEngine {
   // and clears an earlier "unreachable" mark. Where the provider makes a connection at the
   // first message (ofi_rxm over tcp or verbs, efa), each rail sends the peer a small message
   // now, so that the connection is made before the first batch rather than inside its
-  // completion bound.
+  // completion bound. Waits for a rail busy with a rebuild; Unavailable when a rail is found
+  // stuck inside the provider (it is being replaced: connect again).
   Result<uint64_t> connect(std::string_view peer_address);
   // False when `peer` (a connect() id) is marked unreachable: a transfer to it failed (or was
   // refused) since its last connect(), so submit() refuses new batches until it is connected
