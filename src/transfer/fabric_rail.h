@@ -388,16 +388,17 @@ class FabricRail {
 // it used (blocked in the kernel). A holder that an overloaded host merely does not schedule
 // uses no CPU: it is waited for that long, not declared stuck.
 inline constexpr int kStuckWallFactor = 10;
-// The bound of holding_looks_stuck() under `settings` (the engine's watchdog uses it).
-inline std::chrono::milliseconds stuck_bound(const TransferSettings& settings) {
-  return std::chrono::milliseconds(
-      std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
-}
 inline bool holding_looks_stuck(Clock::duration busy, int64_t cpu_used_ns,
                                 std::chrono::milliseconds bound) {
   if (busy <= bound) return false;
   if (cpu_used_ns < 0 || busy > bound * kStuckWallFactor) return true;
   return std::chrono::nanoseconds(cpu_used_ns) * 2 >= bound;
+}
+
+// The bound of holding_looks_stuck() under `settings` (the engine's watchdog uses it).
+inline std::chrono::milliseconds stuck_bound(const TransferSettings& settings) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(50, std::min<int64_t>(settings.completion_timeout_ms, 1000)));
 }
 
 // Keeps `rail` (a rail whose thread is, or may be, stuck inside the provider) for the rest of the
