@@ -176,9 +176,6 @@ TEST_F(FabricRailTest, NoticeIsPostedOnlyAfterEveryWriteOfItsBatchCompleted) {
   }
 }
 
-// A peer whose provider counts no incoming writes (tcp: no FI_RMA_EVENT) would sleep in
-// fi_cq_sread while our writes arrive; a wake-up goes ahead of the writes, at most one per half
-// hot window, and is only a hint (it is no part of any transfer, and no notice).
 // The kinds of the accepted posts in order: w a write, W a wake-up, N a notice.
 std::string accepted_kinds(FakeFabric& f) {
   std::lock_guard<std::mutex> lock(f.mu);
@@ -196,6 +193,9 @@ std::string accepted_kinds(FakeFabric& f) {
   return k;
 }
 
+// A peer whose provider counts no incoming writes (tcp: no FI_RMA_EVENT) would sleep in
+// fi_cq_sread while our writes arrive; a wake-up goes ahead of the writes, at most one per half
+// hot window, and is only a hint (it is no part of any transfer, and no notice).
 TEST_F(FabricRailTest, WakeUpGoesAheadOfWritesWhereIncomingWritesAreNotCounted) {
   fabric_->remote_write_counter = false;
   TransferSettings s;
