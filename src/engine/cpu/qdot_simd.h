@@ -311,11 +311,20 @@ template <class Dot, class W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                  float* y, int64_t y_stride) {
   constexpr bool kOffsetForm = W::kSigned && Dot::kFusedAcc;
+  // One row on the AVX2 set (decode): the scale is broadcast from its register instead, which
+  // spares each block a store and a reload.
+  constexpr bool kRegScale = R == 1 && !Dot::kFusedAcc;
   const int64_t nb = x.n / kQK;
   __m256 as[R][T], am[T];
+  // Each token's levels, scales and level sums (hoisted: GCC reloaded x's fields every block).
+  const int8_t* xq[T];
+  const float *xd[T], *xs[T];
   for (int t = 0; t < T; ++t) {
     am[t] = _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) as[r][t] = _mm256_setzero_ps();
+    xq[t] = x.q + (t0 + t) * x.n;
+    xd[t] = x.d + (t0 + t) * nb;
+    xs[t] = x.sum32 + (t0 + t) * nb;
   }
   for (int64_t b = 0; b < nb; ++b) {
     const std::byte* unit = w + b * W::kBytes;  // row 0's block b
@@ -328,15 +337,17 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     // Through memory: the multiply-adds below broadcast their scale with a load, which keeps
     // registers for the accumulators and the vector ports for the dot products.
     alignas(32) float dmx[T][8];
+    __m256 dx0[T];  // kRegScale: lane 0 of dmx[t] in every lane
     for (int t = 0; t < T; ++t) {
-      xv[t] = load256(x.q + (t0 + t) * x.n + b * kQK);
+      xv[t] = load256(xq[t] + b * kQK);
       if constexpr (kOffsetForm) {
         corr[t] = neg_offset_sums<Dot>(W::kOffset, xv[t]);
       }
-      const __m256 dmxt = _mm256_mul_ps(dm, _mm256_set1_ps(x.d[(t0 + t) * nb + b]));
-      _mm256_store_ps(dmx[t], dmxt);
+      const __m256 dmxt = _mm256_mul_ps(dm, _mm256_set1_ps(xd[t][b]));
+      if constexpr (kRegScale) dx0[t] = _mm256_broadcastss_ps(_mm256_castps256_ps128(dmxt));
+      else _mm256_store_ps(dmx[t], dmxt);
       if constexpr (W::kMin) {
-        am[t] = _mm256_fmadd_ps(dmxt, _mm256_set1_ps(x.sum32[(t0 + t) * nb + b]), am[t]);
+        am[t] = _mm256_fmadd_ps(dmxt, _mm256_set1_ps(xs[t][b]), am[t]);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -353,8 +364,10 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
         for (int t = 0; t < T; ++t) s[t] = Dot::dot(au, _mm256_sign_epi8(xv[t], qv));
       }
       for (int t = 0; t < T; ++t) {
-        as[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dmx[t][2 * r]),
-                                   _mm256_cvtepi32_ps(s[t]), as[r][t]);
+        __m256 scale;
+        if constexpr (kRegScale) scale = dx0[t];
+        else scale = _mm256_broadcast_ss(&dmx[t][2 * r]);
+        as[r][t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(s[t]), as[r][t]);
       }
     }
   }
