@@ -307,9 +307,10 @@ inline __m256 dm_of(const std::byte* unit, uint64_t row_bytes) {
 // the exact lane sums come without a sign or abs per row and token. Elsewhere (AVX2, where the
 // extra add costs what the sign saves, and 255 would saturate maddubs) the sign of q moves onto
 // xq.
-template <class Dot, class W, int R, int T>
+template <class Dot, class W, int R, int T, bool kCorrTab = false>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
-                 float* y, int64_t y_stride) {
+                 float* y, int64_t y_stride, const __m256i* corr_tab = nullptr) {
+  static_assert(!kCorrTab || (W::kSigned && T == 1));
   constexpr bool kOffsetForm = W::kSigned && Dot::kFusedAcc;
   // One row on the AVX2 set (decode): the scale is broadcast from its register instead, which
   // spares each block a store and a reload.
@@ -352,7 +353,10 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     }
     for (int r = 0; r < R; ++r) {
       __m256i s[T];
-      if constexpr (kOffsetForm || !W::kSigned) {
+      if constexpr (kCorrTab) {
+        s[0] = _mm256_add_epi32(Dot::dot(W::template ulevels<Dot>(unit + r * row_bytes), xv[0]),
+                                _mm256_load_si256(corr_tab + b));
+      } else if constexpr (kOffsetForm || !W::kSigned) {
         const __m256i qu = W::template ulevels<Dot>(unit + r * row_bytes);
         for (int t = 0; t < T; ++t) {
           if constexpr (kOffsetForm) s[t] = Dot::dot_acc(corr[t], qu, xv[t]);
@@ -678,6 +682,22 @@ template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
   if (nt == 1) {
+    // A signed format whose offset level times 127 fits maddubs (Q4_0, Q5_0) on the AVX2 set:
+    // the offset form, its corrections (the token's own, the same for every row) made once
+    // per call: an add per block instead of the sign of each level moved onto x (abs and sign)
+    // and the offset subtracted.
+    if constexpr (W::kSigned && !Dot::kFusedAcc) {
+      if constexpr (W::kOffset <= 64) {
+        const int64_t nb = x.n / kQK;
+        thread_local std::vector<int32_t> buf;
+        auto* corr = reinterpret_cast<__m256i*>(aligned_scratch(buf, nb * 8));
+        for (int64_t b = 0; b < nb; ++b)
+          _mm256_store_si256(corr + b, neg_offset_sums<Dot>(W::kOffset, load256(x.q + b * kQK)));
+        for (int64_t r = 0; r < nr; ++r)
+          tile<Dot, W, 1, 1, true>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride, corr);
+        return;
+      }
+    }
     for (int64_t r = 0; r < nr; ++r)
       tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
     return;
