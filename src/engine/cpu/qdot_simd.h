@@ -306,7 +306,8 @@ inline __m256 dm_of(const std::byte* unit, uint64_t row_bytes) {
 // block (dot(o, xq), exact) and the first one dot_acc on the unsigned levels (q + o <= 255), so
 // the exact lane sums come without a sign or abs per row and token. Elsewhere (AVX2, where the
 // extra add costs what the sign saves, and 255 would saturate maddubs) the sign of q moves onto
-// xq.
+// xq, except with kCorrTab: one token whose corrections were made once per call into corr_tab
+// (qdot_format's decode of Q4_0 and Q5_0, whose offset levels fit maddubs), added per block.
 template <class Dot, class W, int R, int T, bool kCorrTab = false>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                  float* y, int64_t y_stride, const __m256i* corr_tab = nullptr) {
