@@ -150,7 +150,7 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t
 
 // One token (decode): one row after another, without software prefetch, so that each thread
 // reads its rows as one sequential stream that the hardware prefetcher follows. On the 2-vCPU
-// Zen 3 (AVX2) host, SmolLM2 F16 decode ran 76-85 tok/s so against 68-69 with four rows side by
+// Zen 3 (AVX2) host, SmolLM2 F16 decode ran 76-85 tok/s against 68-69 with four rows side by
 // side and StreamPrefetch (72-82 with one row and StreamPrefetch), 4 alternated runs. The AVX-512
 // set keeps four rows and StreamPrefetch, which measured faster on Zen 4 (stream_prefetch.h).
 // Several tokens, register budget (16 ymm): up to 2 rows x 3 tokens (12 accumulators).
