@@ -9,6 +9,10 @@
 //
 // The matrices are replicated so that each pass streams far more than the last-level cache:
 // the decode figures are memory rates, comparable with the copy bandwidth (ratio matvec/copy).
+// The prefill figures are compute rates: for the f32/f16/bf16 weights (fused multiply-adds in
+// f32) the last column is their fraction of the f32 FMA peak of the same threads
+// (compute_peak.h); the integer-path formats count their int8 products as flops too, so
+// against that peak they have no ratio.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include "cleave/engine/cpu_kernels.h"
 #include "cleave/model/dtype.h"
 #include "bench_flags.h"
+#include "compute_peak.h"
 #include "copy_bandwidth.h"
 
 namespace {
@@ -118,14 +123,22 @@ int main(int argc, char** argv) {
   fmt::print("copy bandwidth: {:.2f} GB/s copied, read bandwidth {:.2f} GB/s ({} MiB buffer, "
              "best of 7)\n",
              bw.copy_bytes_per_s / 1e9, bw.read_bytes_per_s / 1e9, bw.buffer_bytes >> 20);
+  const auto peak = cleave::bench::measure_fma_peak(pool, cleave::cpu::kernel_isa());
+  if (peak.lanes == 0) {
+    fmt::print("f32 FMA peak: not measured for the {} kernel set\n", cleave::cpu::kernel_isa());
+  } else {
+    fmt::print("f32 FMA peak: {:.1f} GFLOP/s ({}-lane fused multiply-adds, best of 5){}\n",
+               peak.flops_per_s / 1e9, peak.lanes,
+               peak.checked ? "" : "  WARNING: its sums were wrong, the figure is not valid");
+  }
 
   const uint64_t stream_target = uint64_t{256} << 20;  // bytes per pass, >> LLC
   // A shape that fits in L2 (the last default one) gives the kernel's compute limit, not memory's.
   if (dtypes.empty())
     for (int i = 0; i < cleave::kNumDTypes; ++i) dtypes.push_back(static_cast<DType>(i));
-  fmt::print("\n{:<6} {:>11} {:>10} {:>12} {:>12} {:>10}   {:>16}\n", "dtype", "shape",
+  fmt::print("\n{:<6} {:>11} {:>10} {:>12} {:>12} {:>10}   {:>16} {:>10}\n", "dtype", "shape",
              "matvec GB/s", "ratio/copy", "ratio/read", "us/matvec",
-             fmt::format("prefill{} GFLOP/s", tokens));
+             fmt::format("prefill{} GFLOP/s", tokens), "ratio/peak");
   for (DType dtype : dtypes) {
     for (Shape s : shapes) {
       const auto row_bytes = cleave::dtype_row_bytes(dtype, s.cols);
@@ -164,9 +177,12 @@ int main(int argc, char** argv) {
         best_prefill = std::min(best_prefill, seconds_since(t0));
       }
       const double gflops = 2.0 * s.rows * s.cols * tokens / best_prefill / 1e9;
-      fmt::print("{:<6} {:>5}x{:<5} {:>10.2f} {:>12.3f} {:>12.3f} {:>10.1f}   {:>16.1f}{}\n",
+      const std::string of_peak = cleave::cpu::uses_int_path(dtype) || peak.flops_per_s <= 0
+                                      ? std::string("-")
+                                      : fmt::format("{:.3f}", gflops * 1e9 / peak.flops_per_s);
+      fmt::print("{:<6} {:>5}x{:<5} {:>10.2f} {:>12.3f} {:>12.3f} {:>10.1f}   {:>16.1f} {:>10}{}\n",
                  cleave::dtype_name(dtype), s.rows, s.cols, gbps / 1e9, gbps / bw.copy_bytes_per_s,
-                 gbps / bw.read_bytes_per_s, best * 1e6, gflops,
+                 gbps / bw.read_bytes_per_s, best * 1e6, gflops, of_peak,
                  in_cache ? "   (in L2: compute limit)" : "");
     }
   }
