@@ -306,11 +306,11 @@ inline __m256 dm_of(const std::byte* unit, uint64_t row_bytes) {
 // block (dot(o, xq), exact) and the first one dot_acc on the unsigned levels (q + o <= 255), so
 // the exact lane sums come without a sign or abs per row and token. Elsewhere (AVX2, where the
 // extra add costs what the sign saves, and 255 would saturate maddubs) the sign of q moves onto
-// xq, except with kCorrTab: one token whose corrections were made once per call into corr_tab
+// xq, except with kCorrTab: one token whose corrections come from offset_corrections' table
 // (qdot_format's decode of Q4_0 and Q5_0, whose offset levels fit maddubs), added per block.
 template <class Dot, class W, int R, int T, bool kCorrTab = false>
 inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
-                 float* y, int64_t y_stride, const __m256i* corr_tab = nullptr) {
+                 float* y, int64_t y_stride, const int32_t* corr_tab = nullptr) {
   static_assert(!kCorrTab || (W::kSigned && T == 1));
   constexpr bool kOffsetForm = W::kSigned && Dot::kFusedAcc;
   // One row on the AVX2 set (decode): the scale is broadcast from its register instead, which
@@ -355,8 +355,9 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int
     for (int r = 0; r < R; ++r) {
       __m256i s[T];
       if constexpr (kCorrTab) {
+        const auto* c = reinterpret_cast<const __m256i*>(corr_tab + (t0 * nb + b) * 8);
         s[0] = _mm256_add_epi32(Dot::dot(W::template ulevels<Dot>(unit + r * row_bytes), xv[0]),
-                                _mm256_load_si256(corr_tab + b));
+                                _mm256_load_si256(c));
       } else if constexpr (kOffsetForm || !W::kSigned) {
         const __m256i qu = W::template ulevels<Dot>(unit + r * row_bytes);
         for (int t = 0; t < T; ++t) {
@@ -405,6 +406,21 @@ E* aligned_scratch(std::vector<E>& buf, int64_t n) {
   const size_t need = static_cast<size_t>(n) + 32 / sizeof(E);
   if (buf.size() < need) buf.resize(need);
   return reinterpret_cast<E*>((reinterpret_cast<uintptr_t>(buf.data()) + 31) & ~uintptr_t{31});
+}
+
+// A signed legacy format's offset corrections (neg_offset_sums) of tokens 0 .. nt - 1 of x, one
+// 8-lane entry per token and block ([token][block]), made once per call into the calling
+// thread's table (valid until its next call).
+template <class Dot, class W>
+const int32_t* offset_corrections(const QuantActs& x, int64_t nt) {
+  const int64_t nb = x.n / kQK;
+  thread_local std::vector<int32_t> buf;
+  int32_t* const c = aligned_scratch(buf, nt * nb * 8);
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t b = 0; b < nb; ++b)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(c + (t * nb + b) * 8),
+                         neg_offset_sums<Dot>(W::kOffset, load256(x.q + t * x.n + b * kQK)));
+  return c;
 }
 
 struct RowTabs {
@@ -649,16 +665,7 @@ int64_t qdot_pairs(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qua
                    int64_t nt, float* y, int64_t y_stride) {
   static_assert(R % 2 == 0 && T > 1);
   const int32_t* corr = nullptr;
-  if constexpr (W::kSigned) {
-    const int64_t nb = x.n / kQK;
-    thread_local std::vector<int32_t> buf;
-    int32_t* const c = aligned_scratch(buf, nt * nb * 8);
-    for (int64_t t = 0; t < nt; ++t)
-      for (int64_t b = 0; b < nb; ++b)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(c + (t * nb + b) * 8),
-                           neg_offset_sums<Dot>(W::kOffset, load256(x.q + t * x.n + b * kQK)));
-    corr = c;
-  }
+  if constexpr (W::kSigned) corr = offset_corrections<Dot, W>(x, nt);
   int64_t r0 = 0;
   for (; r0 + R <= nr; r0 += R) {
     const std::byte* wr = w + r0 * row_bytes;
@@ -689,11 +696,7 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
     // and the offset subtracted.
     if constexpr (W::kSigned && !Dot::kFusedAcc) {
       if constexpr (W::kOffset <= 64) {
-        const int64_t nb = x.n / kQK;
-        thread_local std::vector<int32_t> buf;
-        auto* corr = reinterpret_cast<__m256i*>(aligned_scratch(buf, nb * 8));
-        for (int64_t b = 0; b < nb; ++b)
-          _mm256_store_si256(corr + b, neg_offset_sums<Dot>(W::kOffset, load256(x.q + b * kQK)));
+        const int32_t* corr = offset_corrections<Dot, W>(x, 1);
         for (int64_t r = 0; r < nr; ++r)
           tile<Dot, W, 1, 1, true>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride, corr);
         return;
