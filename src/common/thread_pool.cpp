@@ -117,16 +117,17 @@ void ThreadPool::worker(int /*index*/) {
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                              int64_t grain) {
+                              int64_t grain, int chunks_per_thread) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
+  if (chunks_per_thread < 1) chunks_per_thread = 1;
   if (n_threads_ == 1 || n <= grain) {
     fn(0, n);
     return;
   }
   const int64_t grains = (n + grain - 1) / grain;
   const int64_t n_chunks =
-      std::min<int64_t>(grains, static_cast<int64_t>(n_threads_) * kChunksPerThread);
+      std::min<int64_t>(grains, static_cast<int64_t>(n_threads_) * chunks_per_thread);
   // First a generation with no chunk to claim: a thread that read a claim of the previous loop
   // and is about to read n_chunks_ can no longer win its compare-and-swap, so it never runs a
   // chunk of the old loop counted against (or with the parameters of) this one. Without the

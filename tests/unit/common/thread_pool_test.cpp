@@ -14,7 +14,9 @@ namespace cleave {
 namespace {
 
 // Records the chunks one parallel_for hands out.
-std::vector<std::pair<int64_t, int64_t>> chunks_of(ThreadPool& pool, int64_t n, int64_t grain) {
+std::vector<std::pair<int64_t, int64_t>> chunks_of(
+    ThreadPool& pool, int64_t n, int64_t grain,
+    int chunks_per_thread = ThreadPool::kChunksPerThread) {
   std::mutex mu;
   std::vector<std::pair<int64_t, int64_t>> chunks;
   pool.parallel_for(
@@ -23,7 +25,7 @@ std::vector<std::pair<int64_t, int64_t>> chunks_of(ThreadPool& pool, int64_t n, 
         std::lock_guard<std::mutex> lk(mu);
         chunks.emplace_back(b, e);
       },
-      grain);
+      grain, chunks_per_thread);
   std::sort(chunks.begin(), chunks.end());
   return chunks;
 }
@@ -66,6 +68,22 @@ TEST(ThreadPoolTest, ChunksAreWholeGrainsAndDeterministic) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(chunks_of(pool, 103, 4), first);
   // Fewer grains than chunk slots: one chunk per grain.
   EXPECT_EQ(chunks_of(pool, 10, 4).size(), 3u);
+}
+
+TEST(ThreadPoolTest, CallerChoosesChunksPerThread) {
+  ThreadPool pool(3);
+  // 26 grains of 4: 2 chunks per thread gives 6, 16 per thread is capped at one per grain.
+  const auto two = chunks_of(pool, 103, 4, 2);
+  ASSERT_EQ(two.size(), 6u);
+  EXPECT_EQ(two.front(), std::make_pair(int64_t{0}, int64_t{16}));  // grains 26 * [0, 1) / 6
+  const auto fine = chunks_of(pool, 103, 4, 16);
+  ASSERT_EQ(fine.size(), 26u);
+  for (size_t i = 0; i < fine.size(); ++i) {
+    EXPECT_EQ(fine[i].first, static_cast<int64_t>(4 * i)) << i;
+    EXPECT_EQ(fine[i].second, std::min<int64_t>(103, static_cast<int64_t>(4 * i + 4))) << i;
+  }
+  // Fewer than one per thread is taken as one.
+  EXPECT_EQ(chunks_of(pool, 103, 4, 0).size(), 3u);
 }
 
 // A worker the OS does not schedule must not hold the loop up: the caller takes its chunks.
