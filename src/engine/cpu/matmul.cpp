@@ -54,9 +54,11 @@ namespace {
 constexpr int64_t kMinMacsPerChunk = 32 * 1024;
 // Bytes of weight rows kept hot while every token of the batch passes over them.
 constexpr uint64_t kRowBlockBytes = 32 * 1024;
-// Calls of at least this many tokens split their rows into kFineChunksPerThread chunks per thread.
+// Calls of at least this many tokens split their rows into up to kFineChunksPerThread chunks per
+// thread: for SmolLM2's 576 rows (36 grains of 16) and 2 threads, 32 gives one grain a chunk,
+// where 16 gave 32 chunks of one or two grains and the wait for a two-grain chunk at the end.
 constexpr int64_t kFineChunkTokens = 16;
-constexpr int kFineChunksPerThread = 16;
+constexpr int kFineChunksPerThread = 32;
 
 // x quantised once per call for each activation group its integer-path matrices need
 // (kernel_group: 32 for the legacy formats, 256 for the K-quants).
