@@ -82,13 +82,10 @@ void ThreadPool::run_chunks(uint32_t gen) {
     if (chunk_of(c) >= n_chunks) return;
     if (!claim_.compare_exchange_weak(c, c + 1)) continue;
     // Claimed: this generation's state stays put until its last chunk is done.
-    const int64_t chunk = chunk_of(c);
+    const size_t chunk = chunk_of(c);
     const int64_t n = n_.load(), grain = grain_.load();
-    const int64_t grains = (n + grain - 1) / grain;
-    const int64_t g0 = grains * chunk / n_chunks;
-    const int64_t g1 = grains * (chunk + 1) / n_chunks;
-    const int64_t b = g0 * grain;
-    const int64_t e = std::min(n, g1 * grain);
+    const int64_t b = bounds_[chunk] * grain;
+    const int64_t e = std::min(n, bounds_[chunk + 1] * grain);
     if (b < e) (*fn_.load())(b, e);
     if (chunks_done_.fetch_add(1) + 1 == n_chunks && caller_sleeping_.load()) {
       std::lock_guard<std::mutex> lk(mu_);
@@ -117,17 +114,13 @@ void ThreadPool::worker(int /*index*/) {
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                              int64_t grain, int chunks_per_thread) {
+                              int64_t grain) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  if (chunks_per_thread < 1) chunks_per_thread = 1;
   if (n_threads_ == 1 || n <= grain) {
     fn(0, n);
     return;
   }
-  const int64_t grains = (n + grain - 1) / grain;
-  const int64_t n_chunks =
-      std::min<int64_t>(grains, static_cast<int64_t>(n_threads_) * chunks_per_thread);
   // First a generation with no chunk to claim: a thread that read a claim of the previous loop
   // and is about to read n_chunks_ can no longer win its compare-and-swap, so it never runs a
   // chunk of the old loop counted against (or with the parameters of) this one. Without the
@@ -135,6 +128,16 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   // would step past n_chunks and the caller would wait forever.
   const uint32_t fence = generation_of(claim_.load()) + 1;
   claim_.store((static_cast<uint64_t>(fence) << 32) | kNoChunk);
+  // Guided chunks: each takes 1 / divisor of the grains left, at least one.
+  const int64_t divisor = static_cast<int64_t>(n_threads_) * kGuidedDivisor;
+  bounds_.clear();
+  bounds_.push_back(0);
+  for (int64_t left = (n + grain - 1) / grain; left > 0;) {
+    const int64_t size = std::max<int64_t>(1, left / divisor);
+    bounds_.push_back(bounds_.back() + size);
+    left -= size;
+  }
+  const auto n_chunks = static_cast<int64_t>(bounds_.size()) - 1;
   fn_.store(&fn);
   n_.store(n);
   grain_.store(grain);

@@ -1,8 +1,10 @@
 // A fixed pool of named worker threads for data-parallel loops inside one engine step.
 //
-// parallel_for splits [0, n) into contiguous chunks (up to kChunksPerThread per thread unless the
-// caller asks for another number), with boundaries that depend only on n, the thread count, the
-// grain and that number. Which thread runs which chunk
+// parallel_for splits [0, n) into contiguous chunks of whole grains that shrink as the loop
+// goes (guided): chunk c takes 1 / (kGuidedDivisor x threads) of the grains left after chunks
+// 0..c-1, at least one. Early chunks are long (a long stream of weight reads), the last ones one
+// grain each, so running threads finish within about one grain of each other. The boundaries
+// depend only on n, the thread count and the grain. Which thread runs which chunk
 // is decided at run time: every thread, the caller included, takes the next unclaimed chunk, so
 // a thread that the OS has not scheduled yet never holds the loop up. Work items must therefore
 // be independent: each index is handed to exactly one fn call, and results must not depend on
@@ -35,18 +37,15 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  static constexpr int kChunksPerThread = 4;
+  static constexpr int kGuidedDivisor = 2;
   // A claim's chunk index that no loop has (the fence between two loops).
   static constexpr uint64_t kNoChunk = 0xFFFFFFFFull;
 
   int size() const { return n_threads_; }
-  // fn(begin, end) over contiguous chunks of [0, n), at most chunks_per_thread per thread;
-  // chunk boundaries are multiples of `grain` (except the end). Runs on the caller alone when
-  // n <= grain or the pool has one thread. Returns when all chunks are done. More chunks cut the
-  // time the threads that finish first wait for the last chunk; fewer keep each chunk's reads one
-  // long stream.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1,
-                    int chunks_per_thread = kChunksPerThread);
+  // fn(begin, end) over contiguous chunks of [0, n); chunk boundaries are multiples of `grain`
+  // (except the end). Runs on the caller alone when n <= grain or the pool has one thread.
+  // Returns when all chunks are done.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
   // How long idle threads spin before sleeping (default 100 us; 0 = sleep at once).
   void set_spin_microseconds(int us) { spin_us_.store(us < 0 ? 0 : us); }
@@ -80,6 +79,8 @@ class ThreadPool {
   std::atomic<int64_t> n_{0};
   std::atomic<int64_t> grain_{1};
   std::atomic<int64_t> n_chunks_{0};
+  // Chunk c is [bounds_[c], bounds_[c + 1]) in grains.
+  std::vector<int64_t> bounds_;
 };
 
 // Online CPU count (at least 1).

@@ -54,11 +54,6 @@ namespace {
 constexpr int64_t kMinMacsPerChunk = 32 * 1024;
 // Bytes of weight rows kept hot while every token of the batch passes over them.
 constexpr uint64_t kRowBlockBytes = 32 * 1024;
-// Calls of at least this many tokens split their rows into up to kFineChunksPerThread chunks per
-// thread: for SmolLM2's 576 rows (36 grains of 16) and 2 threads, 32 gives one grain a chunk,
-// where 16 gave 32 chunks of one or two grains and the wait for a two-grain chunk at the end.
-constexpr int64_t kFineChunkTokens = 16;
-constexpr int kFineChunksPerThread = 32;
 
 // x quantised once per call for each activation group its integer-path matrices need
 // (kernel_group: 32 for the legacy formats, 256 for the K-quants).
@@ -87,14 +82,6 @@ class Rows {
                           : set.matmul_block[static_cast<size_t>(w.dtype)]) {}
 
   int64_t rows() const { return w_.rows(); }
-
-  // Chunks per thread for parallel_for. A call of many tokens is compute-bound: small chunks
-  // shorten the wait for the last one. Decode streams its weights: a few long chunks keep each
-  // thread's reads one stream (SmolLM2 Q4_1 decode, 2 threads, Zen 3: 195-204 tok/s with 4
-  // chunks per thread, 169-180 with 16).
-  int chunks_per_thread() const {
-    return n_tokens_ >= kFineChunkTokens ? kFineChunksPerThread : ThreadPool::kChunksPerThread;
-  }
 
   // Rows per parallel chunk: enough work to pay for the chunk, in multiples of the kernels' row
   // tiles (16 rows for the block kernels).
@@ -171,11 +158,9 @@ CallActs quantize_for(const detail::KernelSet& set, std::span<const TensorView* 
 // pool.parallel_for over [0, n) with a body that is one pointer (std::function keeps it without
 // allocating).
 template <typename Body>
-void parallel_rows(ThreadPool& pool, int64_t n, int64_t grain, int chunks_per_thread,
-                   const Body& body) {
+void parallel_rows(ThreadPool& pool, int64_t n, int64_t grain, const Body& body) {
   const Body* b = &body;
-  pool.parallel_for(
-      n, [b](int64_t r0, int64_t r1) { (*b)(r0, r1); }, grain, chunks_per_thread);
+  pool.parallel_for(n, [b](int64_t r0, int64_t r1) { (*b)(r0, r1); }, grain);
 }
 
 }  // namespace
@@ -187,7 +172,7 @@ void matmul(ThreadPool& pool, const TensorView& w, const float* x, int64_t in_st
   const TensorView* ws[] = {&w};
   const auto acts = quantize_for(set, ws, x, in_stride, n_tokens);
   const Rows rows(set, w, x, in_stride, n_tokens, y, out_stride, &acts);
-  parallel_rows(pool, rows.rows(), rows.grain(), rows.chunks_per_thread(),
+  parallel_rows(pool, rows.rows(), rows.grain(),
                 [&rows](int64_t r0, int64_t r1) { rows.run(r0, r1); });
 }
 
@@ -207,7 +192,7 @@ void matmul_many(ThreadPool& pool, std::span<const TensorView* const> ws, const 
     grain = std::max(grain, parts.back().grain());
   }
   // The matrices' rows one after another: a chunk runs its part of each matrix it overlaps.
-  parallel_rows(pool, total, grain, parts[0].chunks_per_thread(), [&parts](int64_t r0, int64_t r1) {
+  parallel_rows(pool, total, grain, [&parts](int64_t r0, int64_t r1) {
     int64_t first = 0;
     for (const Rows& p : parts) {
       const int64_t b = std::max(r0, first), e = std::min(r1, first + p.rows());
@@ -226,7 +211,7 @@ void matmul_glu(ThreadPool& pool, const TensorView& gate, const TensorView& up, 
   const auto acts = quantize_for(set, ws, x, gate.cols(), n_tokens);
   const Rows g(set, gate, x, gate.cols(), n_tokens, out, rows, &acts);
   const Rows u(set, up, x, up.cols(), n_tokens, scratch, rows, &acts);
-  parallel_rows(pool, rows, std::max(g.grain(2), u.grain(2)), g.chunks_per_thread(),
+  parallel_rows(pool, rows, std::max(g.grain(2), u.grain(2)),
                 [&](int64_t r0, int64_t r1) {
                   g.run(r0, r1);
                   u.run(r0, r1);
@@ -245,7 +230,7 @@ void matmul_add(ThreadPool& pool, const TensorView& w, const float* x, int64_t n
   const TensorView* ws[] = {&w};
   const auto acts = quantize_for(set, ws, x, w.cols(), n_tokens);
   const Rows m(set, w, x, w.cols(), n_tokens, scratch, rows, &acts);
-  parallel_rows(pool, rows, m.grain(), m.chunks_per_thread(), [&](int64_t r0, int64_t r1) {
+  parallel_rows(pool, rows, m.grain(), [&](int64_t r0, int64_t r1) {
     m.run(r0, r1);
     for (int64_t t = 0; t < n_tokens; ++t) {
       add_inplace(y + t * rows + r0, scratch + t * rows + r0, r1 - r0);

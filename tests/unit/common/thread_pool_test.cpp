@@ -14,9 +14,7 @@ namespace cleave {
 namespace {
 
 // Records the chunks one parallel_for hands out.
-std::vector<std::pair<int64_t, int64_t>> chunks_of(
-    ThreadPool& pool, int64_t n, int64_t grain,
-    int chunks_per_thread = ThreadPool::kChunksPerThread) {
+std::vector<std::pair<int64_t, int64_t>> chunks_of(ThreadPool& pool, int64_t n, int64_t grain) {
   std::mutex mu;
   std::vector<std::pair<int64_t, int64_t>> chunks;
   pool.parallel_for(
@@ -25,7 +23,7 @@ std::vector<std::pair<int64_t, int64_t>> chunks_of(
         std::lock_guard<std::mutex> lk(mu);
         chunks.emplace_back(b, e);
       },
-      grain, chunks_per_thread);
+      grain);
   std::sort(chunks.begin(), chunks.end());
   return chunks;
 }
@@ -51,39 +49,29 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
   }
 }
 
-TEST(ThreadPoolTest, ChunksAreWholeGrainsAndDeterministic) {
+TEST(ThreadPoolTest, ChunksAreWholeGrainsGuidedAndDeterministic) {
   ThreadPool pool(3);
   const auto first = chunks_of(pool, 103, 4);
-  // 26 grains: up to kChunksPerThread chunks per thread, spread evenly.
-  ASSERT_EQ(first.size(), static_cast<size_t>(3 * ThreadPool::kChunksPerThread));
-  EXPECT_EQ(first.front().first, 0);
-  EXPECT_EQ(first.back().second, 103);
+  // 26 grains, 3 threads: each chunk takes 1/6 of the grains left (at least one), so the sizes
+  // shrink from 4 grains to 1 and the last chunks are one grain each.
+  const std::vector<int64_t> grains = {4, 3, 3, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  ASSERT_EQ(first.size(), grains.size());
+  int64_t at = 0;
   for (size_t i = 0; i < first.size(); ++i) {
-    EXPECT_EQ(first[i].first % 4, 0) << i;
-    EXPECT_GT(first[i].second, first[i].first) << i;
-    if (i + 1 < first.size()) EXPECT_EQ(first[i].second, first[i + 1].first);
+    EXPECT_EQ(first[i].first, at) << i;
+    EXPECT_EQ(first[i].second, std::min<int64_t>(103, at + 4 * grains[i])) << i;
+    at = first[i].second;
   }
-  using Chunk = std::pair<int64_t, int64_t>;
-  EXPECT_EQ(first[0], Chunk(0, 8));  // grains 26 * [0, 1) / 12 -> [0, 2)
+  EXPECT_EQ(at, 103);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(chunks_of(pool, 103, 4), first);
-  // Fewer grains than chunk slots: one chunk per grain.
+  // Fewer grains than threads: one chunk per grain.
   EXPECT_EQ(chunks_of(pool, 10, 4).size(), 3u);
-}
-
-TEST(ThreadPoolTest, CallerChoosesChunksPerThread) {
-  ThreadPool pool(3);
-  // 26 grains of 4: 2 chunks per thread gives 6, 16 per thread is capped at one per grain.
-  const auto two = chunks_of(pool, 103, 4, 2);
-  ASSERT_EQ(two.size(), 6u);
-  EXPECT_EQ(two.front(), std::make_pair(int64_t{0}, int64_t{16}));  // grains 26 * [0, 1) / 6
-  const auto fine = chunks_of(pool, 103, 4, 16);
-  ASSERT_EQ(fine.size(), 26u);
-  for (size_t i = 0; i < fine.size(); ++i) {
-    EXPECT_EQ(fine[i].first, static_cast<int64_t>(4 * i)) << i;
-    EXPECT_EQ(fine[i].second, std::min<int64_t>(103, static_cast<int64_t>(4 * i + 4))) << i;
-  }
-  // Fewer than one per thread is taken as one.
-  EXPECT_EQ(chunks_of(pool, 103, 4, 0).size(), 3u);
+  // A large loop: few chunks for its size, never more than about 2 x threads x ln(grains) plus
+  // one per thread at the end, and still one grain at the end.
+  const auto big = chunks_of(pool, 100000, 1);
+  EXPECT_LT(big.size(), 100u);
+  EXPECT_EQ(big.back().second - big.back().first, 1);
+  EXPECT_GT(big.front().second - big.front().first, 100000 / 7);
 }
 
 // A worker the OS does not schedule must not hold the loop up: the caller takes its chunks.
@@ -91,12 +79,14 @@ TEST(ThreadPoolTest, CallerChoosesChunksPerThread) {
 // caller would run only its own share.
 TEST(ThreadPoolTest, CallerTakesChunksOfAStalledWorker) {
   ThreadPool pool(2);
+  const int n_chunks = static_cast<int>(chunks_of(pool, 8, 1).size());  // 7: 2, then 1 grain each
+  ASSERT_EQ(n_chunks, 7);
   const std::thread::id caller = std::this_thread::get_id();
   std::atomic<bool> release{false};
   std::atomic<int> by_caller{0}, by_worker{0};
   pool.parallel_for(8, [&](int64_t, int64_t) {
     if (std::this_thread::get_id() == caller) {
-      if (by_caller.fetch_add(1) + 1 >= 7) release.store(true);
+      if (by_caller.fetch_add(1) + 1 >= n_chunks - 1) release.store(true);
       return;
     }
     if (by_worker.fetch_add(1) == 0) {
@@ -105,8 +95,8 @@ TEST(ThreadPoolTest, CallerTakesChunksOfAStalledWorker) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   });
-  EXPECT_EQ(by_caller.load() + by_worker.load(), 8);
-  EXPECT_GE(by_caller.load(), 7);
+  EXPECT_EQ(by_caller.load() + by_worker.load(), n_chunks);
+  EXPECT_GE(by_caller.load(), n_chunks - 1);
 }
 
 TEST(ThreadPoolTest, SmallWorkRunsInlineOnTheCaller) {
