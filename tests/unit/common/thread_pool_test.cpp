@@ -66,8 +66,8 @@ TEST(ThreadPoolTest, ChunksAreWholeGrainsGuidedAndDeterministic) {
   for (int i = 0; i < 20; ++i) EXPECT_EQ(chunks_of(pool, 103, 4), first);
   // Fewer grains than threads: one chunk per grain.
   EXPECT_EQ(chunks_of(pool, 10, 4).size(), 3u);
-  // A large loop: few chunks for its size, never more than about 2 x threads x ln(grains) plus
-  // one per thread at the end, and still one grain at the end.
+  // A large loop: few chunks for its size (about d x ln(grains / d), d = 2 x threads, then d
+  // chunks of one grain), the first a sixth of it, the last one grain.
   const auto big = chunks_of(pool, 100000, 1);
   EXPECT_LT(big.size(), 100u);
   EXPECT_EQ(big.back().second - big.back().first, 1);
