@@ -8,6 +8,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 python3-pip
   clang libclang-rt-14-dev          # sanitizer and libFuzzer builds
   libgtest-dev libgmock-dev libbenchmark-dev
+  libsimde-dev                      # the AVX-512 kernel tests on hosts without AVX-512
   libspdlog-dev libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev
   libicu-dev                        # Unicode categories for the BPE pre-tokenizers
   libfabric-dev                     # transfer engine (tcp, shm, verbs, efa providers)

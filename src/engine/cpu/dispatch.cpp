@@ -28,6 +28,12 @@ bool cpu_has_avx2_kernels() {
 #endif
 }
 
+#if defined(CLEAVE_AVX512_EMULATED)
+// The emulated test build (avx512_emulated.h): SIMDe runs the AVX-512 sets on any host that
+// runs the AVX2 set.
+bool cpu_has_avx512_kernels() { return cpu_has_avx2_kernels(); }
+bool cpu_has_avx512_vnni() { return cpu_has_avx2_kernels(); }
+#else
 bool cpu_has_avx512_kernels() {
 #if defined(__x86_64__)
   static const bool has = [] {
@@ -54,6 +60,7 @@ bool cpu_has_avx512_vnni() {
   return false;
 #endif
 }
+#endif  // CLEAVE_AVX512_EMULATED
 
 namespace {
 

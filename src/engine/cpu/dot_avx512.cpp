@@ -21,7 +21,9 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__clang__)
+#if defined(CLEAVE_AVX512_EMULATED)
+#include "avx512_emulated.h"  // the test build: SIMDe in place of the target pragma
+#elif defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
@@ -312,7 +314,8 @@ const KernelSet& avx512_kernels() {
 
 }  // namespace cleave::cpu::detail
 
-#if defined(__clang__)
+#if defined(CLEAVE_AVX512_EMULATED)
+#elif defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC diagnostic pop

@@ -17,7 +17,9 @@
 
 #include "cleave/model/quants.h"
 
-#if defined(__clang__)
+#if defined(CLEAVE_AVX512_EMULATED)
+#include "avx512_emulated.h"  // the test build: SIMDe in place of the target pragma
+#elif defined(__clang__)
 #pragma clang attribute push(                                                        \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
     apply_to = function)
@@ -267,7 +269,8 @@ void qdot_avx512_vnni(DType t, const std::byte* w, uint64_t row_bytes, int64_t n
 
 }  // namespace cleave::cpu::detail
 
-#if defined(__clang__)
+#if defined(CLEAVE_AVX512_EMULATED)
+#elif defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC diagnostic pop
