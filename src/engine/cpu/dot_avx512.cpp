@@ -1,12 +1,14 @@
-// AVX-512 kernels: the AVX2 set's reduction order (kernel_set.h) with 16-lane vectors, and the
-// micro-kernels of the multi-token matmul (matmul_block.h), which runs every token of the batch
-// against each block of weight rows.
+// AVX-512 kernels: the f32-path reduction order (kernel_set.h) with the accumulators of two
+// rows in one 16-lane register, the micro-kernels of the multi-token matmul (matmul_block.h),
+// which runs every token of the batch against each block of weight rows, and the element-wise
+// kernels on 16 lanes.
 //
-// Bit-identity with the AVX2 set: the AVX2 kernels keep, per (row, token), a0 for elements
-// [16k, 16k+8) and a1 for [16k+8, 16k+16). One 16-lane accumulator over [16k, 16k+16) holds a0 in
-// lanes 0-7 and a1 in lanes 8-15, and a 512-bit fused multiply-add is eight-lane FMAs side by
-// side, so every lane sees the same sequence of roundings. The trailing 8-chunk goes into the
-// low half, then the same horizontal sum and scalar tail as dot_avx2.cpp.
+// Bit-identity with the AVX2 set: both keep one 8-lane accumulator per (row, token) over the
+// 8-element chunks in increasing order. Here a register holds rows r and r + 1 of one token
+// (lanes 0-7 and 8-15): the weights of both rows side by side, the token's 8 activations in
+// both halves. A 512-bit fused multiply-add is eight-lane FMAs side by side, so every lane sees
+// the same sequence of roundings; each half then takes dot_simd.h's horizontal sum and tail,
+// the AVX2 set's code.
 //
 // The code is compiled for AVX-512 through a target pragma (the rest of the engine is not), and
 // runs only when cpu_has_avx512_kernels() is true.
@@ -36,6 +38,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "dot_simd.h"         // internal linkage only, as vec_simd.h
 #include "matmul_block.h"     // internal linkage only, as vec_simd.h
 #include "stream_prefetch.h"  // internal linkage only, as vec_simd.h
 #include "vec_simd.h"  // internal linkage only: compiled here for AVX-512
@@ -43,108 +46,94 @@
 namespace cleave::cpu::detail {
 namespace {
 
-inline uint16_t load_u16(const std::byte* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
-// load16(row, i): elements [i, i+16) as f32 (exact); load8 / load1 for the tails.
-struct F32Weights {
-  static constexpr int64_t kBytesPer16 = 64;
-  static inline __m512 load16(const std::byte* row, int64_t i) {
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + i);
-  }
-  static inline __m256 load8(const std::byte* row, int64_t i) {
-    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + i);
-  }
-  static inline float load1(const std::byte* row, int64_t i) {
-    float v;
-    std::memcpy(&v, row + i * 4, 4);
-    return v;
-  }
-};
-
-struct F16Weights {
-  static constexpr int64_t kBytesPer16 = 32;
-  static inline __m512 load16(const std::byte* row, int64_t i) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i * 2)));
-  }
-  static inline __m256 load8(const std::byte* row, int64_t i) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i * 2)));
-  }
-  static inline float load1(const std::byte* row, int64_t i) {
-    return _cvtsh_ss(load_u16(row + i * 2));
-  }
-};
-
-struct BF16Weights {
-  static constexpr int64_t kBytesPer16 = 32;
-  static inline __m512 load16(const std::byte* row, int64_t i) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i * 2));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-  static inline __m256 load8(const std::byte* row, int64_t i) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + i * 2));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  static inline float load1(const std::byte* row, int64_t i) {
-    return bf16_to_f32(load_u16(row + i * 2));
-  }
-};
-
-// Finishes one (row, token) dot from its 16-lane accumulator over elements [0, i): the trailing
-// 8-chunk into a0 (lanes 0-7), the fixed horizontal sum of a0 + a1 (8 -> 4 -> 2 -> 1), then the
-// scalar tail in order. Exactly dot_avx2.cpp's epilogue.
+// Pair<W>::load(r0, r1, i): elements [i, i + 8) of rows r0 and r1 in lanes 0-7 and 8-15.
 template <typename W>
-inline float finish(__m512 acc, const std::byte* row, const float* x, int64_t i, int64_t n) {
-  __m256 a0 = _mm512_castps512_ps256(acc);
-  const __m256 a1 = _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xee));
-  if (i + 8 <= n) {
-    a0 = _mm256_fmadd_ps(W::load8(row, i), _mm256_loadu_ps(x + i), a0);
-    i += 8;
-  }
-  const __m256 v = _mm256_add_ps(a0, a1);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 0x55));
-  float s = _mm_cvtss_f32(s4);
-  for (int64_t j = i; j < n; ++j) s = std::fma(W::load1(row, j), x[j], s);
-  return s;
+struct Pair;
+
+inline __m256i join128(const std::byte* p0, const std::byte* p1) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1)), 1);
 }
 
-// R rows x T tokens straight from the weights (decode and small calls).
+template <>
+struct Pair<F32Weights> {
+  static inline __m512 load(const std::byte* r0, const std::byte* r1, int64_t i) {
+    const __m256d lo = _mm256_loadu_pd(reinterpret_cast<const double*>(r0 + i * 4));
+    const __m256d hi = _mm256_loadu_pd(reinterpret_cast<const double*>(r1 + i * 4));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1));
+  }
+};
+
+template <>
+struct Pair<F16Weights> {
+  static inline __m512 load(const std::byte* r0, const std::byte* r1, int64_t i) {
+    return _mm512_cvtph_ps(join128(r0 + i * 2, r1 + i * 2));
+  }
+};
+
+template <>
+struct Pair<BF16Weights> {
+  static inline __m512 load(const std::byte* r0, const std::byte* r1, int64_t i) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(join128(r0 + i * 2, r1 + i * 2)), 16));
+  }
+};
+
+// x[i, i + 8) in both halves.
+inline __m512 both_halves(const float* x) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(reinterpret_cast<const double*>(x))));
+}
+
+inline __m256 low_half(__m512 a) { return _mm512_castps512_ps256(a); }
+inline __m256 high_half(__m512 a) {
+  return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+}
+
+// The rows of a tile of R rows in pairs: pair p holds rows 2p and 2p + 1, or row 2p twice when R
+// is odd and 2p + 1 == R (its high half is then never stored).
+template <int R>
+struct RowPairs {
+  static constexpr int kPairs = (R + 1) / 2;
+  const std::byte* row[2 * kPairs];
+  RowPairs(const std::byte* w, uint64_t row_bytes) {
+    for (int j = 0; j < 2 * kPairs; ++j)
+      row[j] = w + static_cast<uint64_t>(j < R ? j : R - 1) * row_bytes;
+  }
+};
+
+// R rows x T tokens straight from the weights (decode, attention, small calls), with the
+// streaming prefetch (stream_prefetch.h), which measured faster on Zen 4.
 template <typename W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
                  int64_t n, float* y, int64_t y_stride) {
-  __m512 acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  const RowPairs<R> rp(w, row_bytes);
+  constexpr int P = RowPairs<R>::kPairs;
+  __m512 a[P][T];
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < T; ++t) a[p][t] = _mm512_setzero_ps();
   int64_t i = 0;
   StreamPrefetch pf(w, row_bytes, R);
-  for (; i + 32 <= n; i += 32, pf.advance(2 * W::kBytesPer16)) {
-    for (int r = 0; r < R; ++r) {
-      const std::byte* row = w + r * row_bytes;
-      pf.fetch(r, W::kBytesPer16 > 32 ? 2 : 1);
-      const __m512 w0 = W::load16(row, i);
-      const __m512 w1 = W::load16(row, i + 16);
-      for (int t = 0; t < T; ++t) {
-        const float* xt = x + t * x_stride + i;
-        acc[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xt), acc[r][t]);
-        acc[r][t] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xt + 16), acc[r][t]);
-      }
+  const auto step = [&](int64_t k) {
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = both_halves(x + t * x_stride + k);
+    for (int p = 0; p < P; ++p) {
+      const __m512 wv = Pair<W>::load(rp.row[2 * p], rp.row[2 * p + 1], k);
+      for (int t = 0; t < T; ++t) a[p][t] = _mm512_fmadd_ps(wv, xv[t], a[p][t]);
     }
+  };
+  for (; i + 32 <= n; i += 32, pf.advance(4 * W::kBytesPer8)) {
+    for (int r = 0; r < R; ++r) pf.fetch(r, W::kBytesPer8 > 16 ? 2 : 1);
+    for (int c = 0; c < 32; c += 8) step(i + c);
   }
-  for (; i + 16 <= n; i += 16) {
-    for (int r = 0; r < R; ++r) {
-      const __m512 w0 = W::load16(w + r * row_bytes, i);
-      for (int t = 0; t < T; ++t)
-        acc[r][t] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + t * x_stride + i), acc[r][t]);
+  for (; i + 8 <= n; i += 8) step(i);
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < T; ++t) {
+      const float* xt = x + t * x_stride;
+      y[t * y_stride + 2 * p] = finish_pair<W>(low_half(a[p][t]), rp.row[2 * p], xt, i, n);
+      if (2 * p + 1 < R)
+        y[t * y_stride + 2 * p + 1] =
+            finish_pair<W>(high_half(a[p][t]), rp.row[2 * p + 1], xt, i, n);
     }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      y[t * y_stride + r] = finish<W>(acc[r][t], w + r * row_bytes, x + t * x_stride, i, n);
 }
 
 template <typename W, int R>
@@ -171,45 +160,38 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
 
 // ---- Multi-token matmul (matmul_block.h) ---------------------------------------------------
 
+// R rows (in pairs) x T tokens over [k0, k0 + kc); pair (r, t)'s 8-lane accumulator rests at
+// acc + (r * acc_stride + t) * 8 between calls.
 template <typename W, int R, int T>
-inline void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const float* x,
-                  int64_t x_stride, float* acc, int64_t acc_stride) {
-  __m512 a[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t)
-      a[r][t] = k0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + (r * acc_stride + t) * 16);
-  for (int64_t k = k0; k < k0 + kc; k += 16) {
-    __m512 wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = W::load16(w + static_cast<uint64_t>(r) * row_bytes, k);
+void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const float* x,
+           int64_t x_stride, float* acc, int64_t acc_stride) {
+  const RowPairs<R> rp(w, row_bytes);
+  constexpr int P = RowPairs<R>::kPairs;
+  const auto slot = [&](int r, int t) { return acc + (r * acc_stride + t) * 8; };
+  __m512 a[P][T];
+  for (int p = 0; p < P; ++p)
     for (int t = 0; t < T; ++t) {
-      const __m512 xv = _mm512_loadu_ps(x + t * x_stride + k);
-      for (int r = 0; r < R; ++r) a[r][t] = _mm512_fmadd_ps(wv[r], xv, a[r][t]);
+      if (k0 == 0) {
+        a[p][t] = _mm512_setzero_ps();
+        continue;
+      }
+      const __m256d lo = _mm256_castps_pd(_mm256_loadu_ps(slot(2 * p, t)));
+      const __m256d hi = _mm256_castps_pd(_mm256_loadu_ps(slot(2 * p + 1 < R ? 2 * p + 1 : 2 * p, t)));
+      a[p][t] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1));
+    }
+  for (int64_t k = k0; k < k0 + kc; k += 8) {
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = both_halves(x + t * x_stride + k);
+    for (int p = 0; p < P; ++p) {
+      const __m512 wv = Pair<W>::load(rp.row[2 * p], rp.row[2 * p + 1], k);
+      for (int t = 0; t < T; ++t) a[p][t] = _mm512_fmadd_ps(wv, xv[t], a[p][t]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(acc + (r * acc_stride + t) * 16, a[r][t]);
-}
-
-// Lane j of the result is finish()'s horizontal sum of a[j] (no tails): the same additions of
-// the same pairs (lane i + lane i + 8, then i + 4, i + 2, i + 1), done for 16 accumulators at
-// once by transposing as the tree narrows: 15 adds and 29 shuffles for 16 sums instead of 64
-// and 48.
-inline __m512 hsum16(const __m512 a[16]) {
-  __m512 b[8], c[4], d[2];
-  for (int m = 0; m < 8; ++m)  // [a2m.lo8 + a2m.hi8 | a2m+1.lo8 + a2m+1.hi8]
-    b[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xEE));
-  for (int p = 0; p < 4; ++p)  // quarter k: the four 8 -> 4 sums of accumulator 4p + k
-    c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * p], b[2 * p + 1], 0xDD));
-  for (int h = 0; h < 2; ++h)  // quarter k: 4 -> 2 sums of accumulators 8h + k and 8h + 4 + k
-    d[h] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * h], c[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(c[2 * h], c[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // Lane 4k + m: the sum of accumulator k + 4m.
-  const __m512 e = _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_permutexvar_ps(
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), e);
+  for (int p = 0; p < P; ++p)
+    for (int t = 0; t < T; ++t) {
+      _mm256_storeu_ps(slot(2 * p, t), low_half(a[p][t]));
+      if (2 * p + 1 < R) _mm256_storeu_ps(slot(2 * p + 1, t), high_half(a[p][t]));
+    }
 }
 
 template <typename W, int R>
@@ -237,33 +219,28 @@ constexpr MicroFn kMicroFns[4][6] = {
 
 struct Avx512Block {
   // One chunk for 1536 columns (4 f16 rows and 6 f32 activation rows: 48 KiB, from L1 and L2):
-  // 2048 measured 5-15% faster than 1024 on 576x1536 and level on 4096x4096.
+  // 2048 measured 5-15% faster than 1024 on 576x1536 and level on 4096x4096 (Zen 4, with the
+  // earlier two-accumulator order).
   static constexpr int64_t kMaxChunk = 2048;
   static constexpr int kMicroRows = 4;
-  static constexpr int kMicroTokens = 6;  // 24 accumulators + 4 weights + 1 activation of 32 zmm
-  static constexpr int kReduceRows = 16;
+  static constexpr int kMicroTokens = 6;  // 12 accumulators + 2 weights + 6 activations of 32 zmm
+  static constexpr int kReduceRows = 8;
   template <typename W>
   static MicroFn micro(int mr, int mt) { return kMicroFns<W>[mr - 1][mt - 1]; }
   static void reduce(const float* acc, int64_t stride, float* out) {
-    __m512 a[16];
-    for (int j = 0; j < 16; ++j) a[j] = _mm512_loadu_ps(acc + j * stride);
-    _mm512_storeu_ps(out, hsum16(a));
+    _mm256_storeu_ps(out, hsum8(acc, stride));
   }
   template <typename W>
   static float finish(const float* acc, const std::byte* row, const float* x, int64_t i,
                       int64_t n) {
-    return ::cleave::cpu::detail::finish<W>(_mm512_loadu_ps(acc), row, x, i, n);
+    return finish_pair<W>(_mm256_loadu_ps(acc), row, x, i, n);
   }
 };
 
-// tile<F32Weights, 1, 1> without the streaming prefetch: the same chain of 16-lane FMAs (the
-// 32-element steps there are two 16-element steps into the same accumulator) and epilogue.
+// tile<F32Weights, 1, 1> without the streaming prefetch: the same chain of 8-lane fused
+// multiply-adds and the same epilogue.
 float dot_f32(const float* a, const float* b, int64_t n) {
-  __m512 acc = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  return finish<F32Weights>(acc, reinterpret_cast<const std::byte*>(a), b, i, n);
+  return dot_one<F32Weights>(reinterpret_cast<const std::byte*>(a), b, n);
 }
 
 void axpy(float* y, float a, const float* x, int64_t n) {

@@ -14,7 +14,7 @@ struct F32Weights {
 
 struct F16Weights {
   static void load(const std::byte* row, int64_t i, int count, float* out) {
-    uint16_t h[16];
+    uint16_t h[8];
     std::memcpy(h, row + i * 2, static_cast<size_t>(count) * 2);
     for (int j = 0; j < count; ++j) out[j] = f16_to_f32(h[j]);
   }
@@ -22,7 +22,7 @@ struct F16Weights {
 
 struct BF16Weights {
   static void load(const std::byte* row, int64_t i, int count, float* out) {
-    uint16_t h[16];
+    uint16_t h[8];
     std::memcpy(h, row + i * 2, static_cast<size_t>(count) * 2);
     for (int j = 0; j < count; ++j) out[j] = bf16_to_f32(h[j]);
   }
@@ -30,21 +30,15 @@ struct BF16Weights {
 
 template <typename W>
 float dot_one(const std::byte* row, const float* x, int64_t n) {
-  float acc[16] = {};
-  float w[16];
+  float acc[8] = {};
+  float w[8];
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    W::load(row, i, 16, w);
-    for (int j = 0; j < 16; ++j) acc[j] = acc[j] + w[j] * x[i + j];
-  }
-  if (i + 8 <= n) {
+  for (; i + 8 <= n; i += 8) {
     W::load(row, i, 8, w);
     for (int j = 0; j < 8; ++j) acc[j] = acc[j] + w[j] * x[i + j];
-    i += 8;
   }
-  float v8[8], v4[4], v2[2];
-  for (int j = 0; j < 8; ++j) v8[j] = acc[j] + acc[j + 8];
-  for (int j = 0; j < 4; ++j) v4[j] = v8[j] + v8[j + 4];
+  float v4[4], v2[2];
+  for (int j = 0; j < 4; ++j) v4[j] = acc[j] + acc[j + 4];
   for (int j = 0; j < 2; ++j) v2[j] = v4[j] + v4[j + 2];
   float r = v2[0] + v2[1];
   const int rest = static_cast<int>(n - i);

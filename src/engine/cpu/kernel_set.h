@@ -1,19 +1,24 @@
 // Internal: the per-ISA kernel tables behind cpu_kernels.h.
 //
 // Every dot kernel computes dot(row, x) with one fixed reduction order per ISA:
-//   two 8-lane accumulators a0, a1; for each full chunk of 16 elements i:
-//     a0 = a0 + w[i..i+8) * x[i..i+8),  a1 = a1 + w[i+8..i+16) * x[i+8..i+16)
-//   then, when 8 or more elements remain, one more chunk of 8 into a0;
-//   then a fixed horizontal sum of (a0 + a1) (8 -> 4 -> 2 -> 1 lanes);
+//   one 8-lane accumulator a; for each full chunk of 8 elements i, in increasing order:
+//     a = a + w[i..i+8) * x[i..i+8)
+//   then a fixed horizontal sum of a (8 -> 4 -> 2 -> 1 lanes: lane j + lane j + 4, then j + 2,
+//   then j + 1);
 //   then each remaining element (< 8) added in order.
 // This is the f32 path (f32, f16, bf16 weights). A tile of several rows and tokens keeps this
 // order for each (row, token) pair: tiling only interleaves independent accumulators, which is why results
 // are bit-identical whatever the tile shape, the thread count or the batch size.
-// The AVX-512 set keeps a0 and a1 as the low and high halves of one 16-lane accumulator (the
-// same lanes, the same fused multiply-adds) and so gives the AVX2 set's bits. The multi-token
-// matmuls of both keep each accumulator in memory between K-chunks (storing and reloading is
-// exact) and visit the chunks in increasing order, so the order above still holds per
-// (row, token).
+// The SIMD sets fuse each product into its sum (one rounding); the portable set rounds the
+// product and the sum separately. The AVX-512 set packs the accumulators of two pairs in one
+// 16-lane register (two rows, one token), and a 512-bit fused multiply-add is eight-lane FMAs
+// side by side, so it gives the AVX2 set's bits. The multi-token matmuls of both keep each
+// accumulator in memory between K-chunks (storing and reloading is exact) and visit the chunks
+// in increasing order, so the order above still holds per (row, token).
+// One accumulator per pair, not two (as before 2026-12): a multi-token micro-kernel then holds
+// 4 rows x 3 tokens in one pass over the activations (f16 prefill at one thread on Zen 3: 62-68
+// -> 74-85 GFLOP/s), and decode hides the chain's latency by reading four runs of rows side by
+// side (dot_avx2.cpp, matvec).
 #pragma once
 
 #include <cmath>
@@ -40,6 +45,12 @@ using DotTileFn = void (*)(const std::byte* w, uint64_t row_bytes, int nr, const
 using MatmulBlockFn = void (*)(const std::byte* w, uint64_t row_bytes, int64_t nr,
                                const float* x, int64_t x_stride, int64_t nt, int64_t n, float* y,
                                int64_t y_stride);
+
+// y[r] = dot(row r, x) for every r < nr (any number), bit-identical to dot_tile with nt = 1:
+// decode's matrix-vector product over a thread's share of the rows, which a set may read in
+// whatever order keeps the memory busy.
+using MatvecFn = void (*)(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x,
+                          int64_t n, float* y);
 
 // dot of two f32 vectors: bit-identical to dot_tile[kF32] with nr = nt = 1 (attention scores).
 using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
@@ -143,6 +154,8 @@ struct KernelSet {
   QuantizeActsFn quantize_acts = nullptr;
   QDotFn qdot = nullptr;  // every integer-path format
   ExpFn exp = nullptr;    // null: exp_ref element by element
+  // Indexed by DType, the f32 path only; null entries: dot_tile on kMaxTileRows rows at a time.
+  MatvecFn matvec[kNumDTypes] = {};
 };
 
 // The integer path of each set: portable (qdot_generic.cpp), AVX2 (qdot_avx2.cpp, maddubs) and
@@ -171,8 +184,8 @@ const KernelSet& generic_kernels();
 // Only valid to call when the CPU has AVX2, FMA and F16C.
 const KernelSet& avx2_kernels();
 // Only valid to call when cpu_has_avx512_kernels() is true. Bit-identical to the AVX2 set: a
-// 16-lane accumulator holds exactly the AVX2 pair (a0 = lanes 0-7, a1 = lanes 8-15), and
-// lane-wise fused multiply-adds do not depend on the vector width.
+// 16-lane accumulator holds two pairs' 8-lane accumulators, and lane-wise fused multiply-adds
+// do not depend on the vector width.
 const KernelSet& avx512_kernels();
 // The set chosen at run time for this CPU (AVX2 when supported, else generic).
 const KernelSet& active_kernels();

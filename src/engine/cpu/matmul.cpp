@@ -77,6 +77,7 @@ class Rows {
         row_bytes_(*dtype_row_bytes(w.dtype, static_cast<uint64_t>(w.cols()))),
         int_path_(uses_int_path(w.dtype)),
         dot_tile_(set.dot_tile[static_cast<size_t>(w.dtype)]),
+        matvec_(int_path_ ? nullptr : set.matvec[static_cast<size_t>(w.dtype)]),
         matmul_block_(n_tokens == 1 || int_path_
                           ? nullptr
                           : set.matmul_block[static_cast<size_t>(w.dtype)]) {}
@@ -103,6 +104,10 @@ class Rows {
     if (matmul_block_ != nullptr) {
       matmul_block_(w, row_bytes_, r_end - r_begin, x_, in_stride_, n_tokens_, n, y_ + r_begin,
                     out_stride_);
+      return;
+    }
+    if (n_tokens_ == 1 && matvec_ != nullptr) {
+      matvec_(w, row_bytes_, r_end - r_begin, x_, n, y_ + r_begin);
       return;
     }
     constexpr int kTileRows = detail::kMaxTileRows;
@@ -139,6 +144,7 @@ class Rows {
   uint64_t row_bytes_;
   bool int_path_;
   detail::DotTileFn dot_tile_;
+  detail::MatvecFn matvec_;
   detail::MatmulBlockFn matmul_block_;
 };
 

@@ -1,6 +1,6 @@
 // Internal: the software prefetch of the f32/f16/bf16 dot kernels, which in decode stream every
-// weight byte once. The AVX-512 set's decode uses it; the AVX2 set's decode reads one row after
-// another without it, which measured faster on Zen 3 (dot_avx2.cpp, dot_tile).
+// weight byte once. The AVX-512 set's decode uses it; the AVX2 set's decode reads four long runs
+// of rows without it, which measured faster on Zen 3 (dot_avx2.cpp, matvec).
 //
 // A tile reads R consecutive rows side by side, each from its start to its end, so R streams run
 // at once. Each kernel step asks for the bytes a fixed distance ahead of where each row is read,

@@ -73,9 +73,10 @@ std::vector<float> random_vector(int64_t n, uint32_t seed) {
   return v;
 }
 
-// Sizes that exercise the 16-chunk loop, the 8-chunk and the scalar tail, and the multi-token
-// kernels' K-chunking (4096: four equal chunks; 2008: two unequal ones, 1008 + 992, and a tail;
-// 576: one chunk and no tail, where AVX-512 reduces 16 rows at once).
+// Sizes that exercise the 32-element steps, the 8-chunk loop and the scalar tail, and the
+// multi-token kernels' K-chunking (4096: two equal chunks on AVX-512, one on AVX2; 2008: one
+// chunk and no tail; 576: one chunk and no tail, where 8 rows reduce at once; the large test
+// below: several unequal chunks and a tail).
 std::vector<int64_t> test_sizes(DType dtype) {
   return {1, 5, 7, 8, 9, 15, 16, 17, 23, 24, 31, 33, 100, 257, 576, 2008, 4096};
 }
@@ -158,7 +159,8 @@ TEST_P(KernelSetTest, MatmulIsBatchInvariantBitForBit) {
 
 TEST_P(KernelSetTest, LargeMatmulMatchesReferenceAndIsBatchInvariant) {
   for (DType dtype : kAllDtypes) {
-    const int64_t rows = 301, n = 1024 + 13;
+    // AVX2: two unequal K-chunks (2056 + 2048) and a tail of 5; AVX-512: three (1368 each).
+    const int64_t rows = 301, n = 4096 + 13;
     TestMatrix m = make_matrix(dtype, rows, n, 5);
     const int64_t tokens = 11;
     std::vector<float> x = random_vector(n * tokens, 6);
