@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cleave/model/quants.h"
+#include "dot_simd.h"
 #include "kernel_set.h"
 
 namespace cleave::cpu::detail::simd {
@@ -243,13 +244,8 @@ inline __m256i neg_offset_sums(int offset, __m256i xq) {
 // stack: Q4_K prefill at 2048 columns ran 78 instead of 94 GFLOP/s on one Zen 3 core.
 inline void pin(__m256i& v) { asm("" : "+x"(v)); }
 
-// The fixed horizontal sum: 8 -> 4 -> 2 -> 1 lanes.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
+// The fixed horizontal sum (8 -> 4 -> 2 -> 1 lanes), the f32 path's (dot_simd.h).
+using ::cleave::cpu::detail::hsum;
 
 // block_scales' 32 shuffle bytes for block jb, into pick.
 template <class W>
