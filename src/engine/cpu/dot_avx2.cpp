@@ -18,61 +18,87 @@
 namespace cleave::cpu::detail {
 namespace {
 
-// R rows x T tokens straight from the weights (decode, attention, small calls): one 8-lane
-// accumulator per pair, the 8-element chunks in increasing order, four per row and step.
-// kPrefetch: StreamPrefetch, which the several-token tiles use; decode reads its rows without
-// it (see dot_tile).
-template <typename W, int R, int T, bool kPrefetch>
+// One 8-element chunk k of R rows (rows[r]) against T tokens (x + t * x_stride): the tokens'
+// activations loaded once, then per row one widening load and T fused multiply-adds into
+// a[r][t]. Every kernel here is a loop of this step, so each (row, token) accumulator sees the
+// chunks in increasing order (kernel_set.h).
+template <typename W, int R, int T>
+[[gnu::always_inline]] inline void step(const std::byte* const* rows, const float* x,
+                                        int64_t x_stride, int64_t k, __m256 (&a)[R][T]) {
+  __m256 xv[T];
+  for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x + t * x_stride + k);
+  for (int r = 0; r < R; ++r) {
+    const __m256 wv = W::load8(rows[r], k);
+    for (int t = 0; t < T; ++t) a[r][t] = _mm256_fmadd_ps(wv, xv[t], a[r][t]);
+  }
+}
+
+// The R consecutive rows from w.
+template <int R>
+struct AdjacentRows {
+  const std::byte* row[R];
+  AdjacentRows(const std::byte* w, uint64_t row_bytes) {
+    for (int r = 0; r < R; ++r) row[r] = w + static_cast<uint64_t>(r) * row_bytes;
+  }
+};
+
+// R rows x T tokens of a several-token call straight from the weights (attention, small calls),
+// with the streaming prefetch (stream_prefetch.h): the dequantising loads keep the core's
+// out-of-order window busy, so too few cache misses stay in flight without it.
+template <typename W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
                  int64_t n, float* y, int64_t y_stride) {
+  const AdjacentRows<R> rows(w, row_bytes);
   __m256 a[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) a[r][t] = _mm256_setzero_ps();
   int64_t i = 0;
-  // The dequantising loads keep the core's out-of-order window busy, so too few cache misses
-  // stay in flight for the bandwidth without explicit prefetches (stream_prefetch.h).
   StreamPrefetch pf(w, row_bytes, R);
   for (; i + 32 <= n; i += 32, pf.advance(4 * W::kBytesPer8)) {
-    for (int r = 0; r < R; ++r) {
-      const std::byte* row = w + r * row_bytes;
-      if constexpr (kPrefetch) pf.fetch(r, W::kBytesPer8 > 16 ? 2 : 1);
-      for (int c = 0; c < 32; c += 8) {
-        const __m256 wv = W::load8(row, i + c);
-        for (int t = 0; t < T; ++t)
-          a[r][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * x_stride + i + c), a[r][t]);
-      }
-    }
+    for (int r = 0; r < R; ++r) pf.fetch(r, W::kBytesPer8 > 16 ? 2 : 1);
+    for (int c = 0; c < 32; c += 8) step<W, R, T>(rows.row, x, x_stride, i + c, a);
   }
-  for (; i + 8 <= n; i += 8) {
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = W::load8(w + r * row_bytes, i);
-      for (int t = 0; t < T; ++t)
-        a[r][t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * x_stride + i), a[r][t]);
-    }
-  }
+  for (; i + 8 <= n; i += 8) step<W, R, T>(rows.row, x, x_stride, i, a);
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
-      y[t * y_stride + r] = finish_pair<W>(a[r][t], w + r * row_bytes, x + t * x_stride, i, n);
+      y[t * y_stride + r] = finish_pair<W>(a[r][t], rows.row[r], x + t * x_stride, i, n);
 }
 
+// S rows anywhere (rows[s]), one token, without software prefetch: one accumulator chain per
+// row, S chains side by side, each row read front to back.
+template <typename W, int S>
+inline void rows_apart(const std::byte* const* rows, const float* x, int64_t n, float* const* y) {
+  __m256 a[S][1];
+  for (int s = 0; s < S; ++s) a[s][0] = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int c = 0; c < 32; c += 8) step<W, S, 1>(rows, x, 0, i + c, a);
+  for (; i + 8 <= n; i += 8) step<W, S, 1>(rows, x, 0, i, a);
+  for (int s = 0; s < S; ++s) *y[s] = finish_pair<W>(a[s][0], rows[s], x, i, n);
+}
+
+// One token alone (attention, single rows; decode's matmul takes matvec below): the R rows side
+// by side (rows_apart). Several tokens: tiles of up to R rows x 3 tokens (12 accumulators of the
+// 16 ymm).
 template <typename W, int R>
 inline void tile_rows(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
                       int nt, int64_t n, float* y, int64_t y_stride) {
-  if (nt == 1) return tile<W, R, 1, false>(w, row_bytes, x, x_stride, n, y, y_stride);
+  if (nt == 1) {
+    float* out[R];
+    for (int r = 0; r < R; ++r) out[r] = y + r;
+    return rows_apart<W, R>(AdjacentRows<R>(w, row_bytes).row, x, n, out);
+  }
   for (int t = 0; t < nt; t += 3) {
     const float* xt = x + t * x_stride;
     float* yt = y + t * y_stride;
     switch (nt - t) {
-      case 1: tile<W, R, 1, true>(w, row_bytes, xt, x_stride, n, yt, y_stride); break;
-      case 2: tile<W, R, 2, true>(w, row_bytes, xt, x_stride, n, yt, y_stride); break;
-      default: tile<W, R, 3, true>(w, row_bytes, xt, x_stride, n, yt, y_stride); break;
+      case 1: tile<W, R, 1>(w, row_bytes, xt, x_stride, n, yt, y_stride); break;
+      case 2: tile<W, R, 2>(w, row_bytes, xt, x_stride, n, yt, y_stride); break;
+      default: tile<W, R, 3>(w, row_bytes, xt, x_stride, n, yt, y_stride); break;
     }
   }
 }
 
-// One token (attention, single rows; decode's matmul takes matvec below): the tile's rows side
-// by side, one accumulator chain each, without software prefetch. Several tokens: up to 4 rows x
-// 3 tokens (12 accumulators of the 16 ymm).
 template <typename W>
 void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, int64_t x_stride,
               int nt, int64_t n, float* y, int64_t y_stride) {
@@ -84,30 +110,11 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
   }
 }
 
-// S rows anywhere (rows[s]), one token: one accumulator chain per row, S chains side by side,
-// each row read front to back.
-template <typename W, int S>
-inline void rows_apart(const std::byte* const* rows, const float* x, int64_t n, float* const* y) {
-  __m256 a[S];
-  for (int s = 0; s < S; ++s) a[s] = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int c = 0; c < 32; c += 8) {
-      const __m256 xv = _mm256_loadu_ps(x + i + c);
-      for (int s = 0; s < S; ++s) a[s] = _mm256_fmadd_ps(W::load8(rows[s], i + c), xv, a[s]);
-    }
-  for (; i + 8 <= n; i += 8) {
-    const __m256 xv = _mm256_loadu_ps(x + i);
-    for (int s = 0; s < S; ++s) a[s] = _mm256_fmadd_ps(W::load8(rows[s], i), xv, a[s]);
-  }
-  for (int s = 0; s < S; ++s) *y[s] = finish_pair<W>(a[s], rows[s], x, i, n);
-}
-
 // Decode's matrix-vector product: the rows cut into kStreams equal runs, row j of every run
 // together, so that each run is read as one long sequential stream that the hardware prefetcher
 // follows, and the runs' accumulator chains hide each other's latency. On the 2-vCPU Zen 3 host,
 // kernel_bench --tokens 1, F16 GB/s at 1 thread: 1 stream 13-15, 2: 17-20, 4: 22-28, 6 and 8
-// no faster; 4 adjacent rows side by side (tile) 9-18, the earlier two-accumulator single row
+// no faster; 4 adjacent rows side by side 9-18, the earlier two-accumulator single row
 // 14-18.
 constexpr int kStreams = 4;
 
@@ -116,8 +123,8 @@ void matvec(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x, 
             float* y) {
   const int64_t run = (nr + kStreams - 1) / kStreams;
   for (int64_t j = 0; j < run; ++j) {
-    const std::byte* rows[kStreams];
-    float* out[kStreams];
+    const std::byte* rows[kStreams] = {};
+    float* out[kStreams] = {};
     int s = 0;
     for (int64_t r = j; r < nr && s < kStreams; r += run, ++s) {
       rows[s] = w + static_cast<uint64_t>(r) * row_bytes;
@@ -141,18 +148,12 @@ void matvec(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x, 
 template <typename W, int R, int T>
 void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const float* x,
            int64_t x_stride, float* acc, int64_t acc_stride) {
+  const AdjacentRows<R> rows(w, row_bytes);
   __m256 a[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)
       a[r][t] = k0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + (r * acc_stride + t) * 8);
-  for (int64_t k = k0; k < k0 + kc; k += 8) {
-    __m256 xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = _mm256_loadu_ps(x + t * x_stride + k);
-    for (int r = 0; r < R; ++r) {
-      const __m256 wv = W::load8(w + static_cast<uint64_t>(r) * row_bytes, k);
-      for (int t = 0; t < T; ++t) a[r][t] = _mm256_fmadd_ps(wv, xv[t], a[r][t]);
-    }
-  }
+  for (int64_t k = k0; k < k0 + kc; k += 8) step<W, R, T>(rows.row, x, x_stride, k, a);
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) _mm256_storeu_ps(acc + (r * acc_stride + t) * 8, a[r][t]);
 }

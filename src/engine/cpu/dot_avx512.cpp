@@ -101,6 +101,21 @@ struct RowPairs {
   }
 };
 
+// One 8-element chunk k of the R rows (in pairs) against T tokens (x + t * x_stride): the
+// tokens' activations in both halves, loaded once, then per pair one load of both rows and T
+// fused multiply-adds into a[p][t]. tile and micro are loops of this step, so each (row, token)
+// accumulator sees the chunks in increasing order (kernel_set.h).
+template <typename W, int R, int T>
+[[gnu::always_inline]] inline void step(const RowPairs<R>& rp, const float* x, int64_t x_stride,
+                                        int64_t k, __m512 (&a)[RowPairs<R>::kPairs][T]) {
+  __m512 xv[T];
+  for (int t = 0; t < T; ++t) xv[t] = both_halves(x + t * x_stride + k);
+  for (int p = 0; p < RowPairs<R>::kPairs; ++p) {
+    const __m512 wv = Pair<W>::load(rp.row[2 * p], rp.row[2 * p + 1], k);
+    for (int t = 0; t < T; ++t) a[p][t] = _mm512_fmadd_ps(wv, xv[t], a[p][t]);
+  }
+}
+
 // R rows x T tokens straight from the weights (decode, attention, small calls), with the
 // streaming prefetch (stream_prefetch.h), which measured faster on Zen 4.
 template <typename W, int R, int T>
@@ -113,19 +128,11 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t
     for (int t = 0; t < T; ++t) a[p][t] = _mm512_setzero_ps();
   int64_t i = 0;
   StreamPrefetch pf(w, row_bytes, R);
-  const auto step = [&](int64_t k) {
-    __m512 xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = both_halves(x + t * x_stride + k);
-    for (int p = 0; p < P; ++p) {
-      const __m512 wv = Pair<W>::load(rp.row[2 * p], rp.row[2 * p + 1], k);
-      for (int t = 0; t < T; ++t) a[p][t] = _mm512_fmadd_ps(wv, xv[t], a[p][t]);
-    }
-  };
   for (; i + 32 <= n; i += 32, pf.advance(4 * W::kBytesPer8)) {
     for (int r = 0; r < R; ++r) pf.fetch(r, W::kBytesPer8 > 16 ? 2 : 1);
-    for (int c = 0; c < 32; c += 8) step(i + c);
+    for (int c = 0; c < 32; c += 8) step<W, R, T>(rp, x, x_stride, i + c, a);
   }
-  for (; i + 8 <= n; i += 8) step(i);
+  for (; i + 8 <= n; i += 8) step<W, R, T>(rp, x, x_stride, i, a);
   for (int p = 0; p < P; ++p)
     for (int t = 0; t < T; ++t) {
       const float* xt = x + t * x_stride;
@@ -179,14 +186,7 @@ void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const
       const __m256d hi = _mm256_castps_pd(_mm256_loadu_ps(slot(2 * p + 1 < R ? 2 * p + 1 : 2 * p, t)));
       a[p][t] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(lo), hi, 1));
     }
-  for (int64_t k = k0; k < k0 + kc; k += 8) {
-    __m512 xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = both_halves(x + t * x_stride + k);
-    for (int p = 0; p < P; ++p) {
-      const __m512 wv = Pair<W>::load(rp.row[2 * p], rp.row[2 * p + 1], k);
-      for (int t = 0; t < T; ++t) a[p][t] = _mm512_fmadd_ps(wv, xv[t], a[p][t]);
-    }
-  }
+  for (int64_t k = k0; k < k0 + kc; k += 8) step<W, R, T>(rp, x, x_stride, k, a);
   for (int p = 0; p < P; ++p)
     for (int t = 0; t < T; ++t) {
       _mm256_storeu_ps(slot(2 * p, t), low_half(a[p][t]));

@@ -77,7 +77,7 @@ class Rows {
         row_bytes_(*dtype_row_bytes(w.dtype, static_cast<uint64_t>(w.cols()))),
         int_path_(uses_int_path(w.dtype)),
         dot_tile_(set.dot_tile[static_cast<size_t>(w.dtype)]),
-        matvec_(int_path_ ? nullptr : set.matvec[static_cast<size_t>(w.dtype)]),
+        matvec_(n_tokens != 1 || int_path_ ? nullptr : set.matvec[static_cast<size_t>(w.dtype)]),
         matmul_block_(n_tokens == 1 || int_path_
                           ? nullptr
                           : set.matmul_block[static_cast<size_t>(w.dtype)]) {}
@@ -106,7 +106,7 @@ class Rows {
                     out_stride_);
       return;
     }
-    if (n_tokens_ == 1 && matvec_ != nullptr) {
+    if (matvec_ != nullptr) {
       matvec_(w, row_bytes_, r_end - r_begin, x_, n, y_ + r_begin);
       return;
     }
