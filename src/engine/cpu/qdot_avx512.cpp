@@ -44,6 +44,9 @@ struct VnniDot {
   // 4 x 6, 2 x 8, 2 x 6 and 3 x 4, all within the noise (Q4_K 106-118 GFLOP/s, Q6_K 99-120,
   // Q5_K 100-108); 4 x 6 holds 24 of the 32 registers in accumulators alone.
   static constexpr int kRowsK = 4, kTokensK = 4;
+  // The legacy formats' decode: one row at a time (simd::decode_runs; runs, faster on Zen 3's
+  // AVX2 set, are untimed on an AVX-512 host).
+  static constexpr int kDecodeRuns = 1;
   static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), a_u8, b_s8);

@@ -554,12 +554,34 @@ inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, i
     for (int r = 0; r < R; ++r) y[t * y_stride + r] = hsum(as[r][t]);
 }
 
+// A matrix-vector product (one token) over nr rows: the rows cut into S equal runs, and row j
+// of every run computed together by tile<S>(row j, the runs' distance, out) (S rows that
+// distance apart; out[s] is run s's row j); the leftover rows by tile<1> one at a time. Each
+// run is one long sequential stream, which the hardware prefetcher follows, and the S rows'
+// accumulator chains hide each other's latency. A row's result does not depend on which rows
+// share its tile. S = 1: one row at a time, in order.
+template <int S, class Tile>
+inline void decode_runs(const std::byte* w, uint64_t row_bytes, int64_t nr, float* y,
+                        Tile&& tile) {
+  const int64_t run = nr / S;
+  const uint64_t apart = static_cast<uint64_t>(run) * row_bytes;
+  if constexpr (S > 1) {
+    for (int64_t j = 0; j < run; ++j) {
+      float out[S];
+      tile.template operator()<S>(w + static_cast<uint64_t>(j) * row_bytes, apart, out);
+      for (int s = 0; s < S; ++s) y[j + s * run] = out[s];
+    }
+  }
+  for (int64_t r = S > 1 ? S * run : 0; r < nr; ++r)
+    tile.template operator()<1>(w + static_cast<uint64_t>(r) * row_bytes, row_bytes, y + r);
+}
+
 // A K-quant matrix: R x T tiles (Dot::kRowsK x kTokensK), leftovers in thinner ones; decode one
-// row at a time, as qdot_format.
+// row at a time.
 template <class Dot, class W>
 void qdot_k(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x, int64_t nt,
             float* y, int64_t y_stride) {
-  if (nt == 1) {
+  if (nt == 1) {  // one row at a time: tile_k splits its sum over four chains
     for (int64_t r = 0; r < nr; ++r)
       tile_k<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
     return;
@@ -674,18 +696,17 @@ int64_t qdot_pairs(const std::byte* w, uint64_t row_bytes, int64_t nr, const Qua
   return r0;
 }
 
-// A legacy format's matrix. Decode (one token) reads one row at a time: a matrix's rows lie one
-// after another, so its bytes are read as one sequential stream, which the hardware prefetcher
-// follows (four rows side by side, four streams, measured 35-45% slower on Zen 4: SmolLM2 Q8_0
-// decode 115-130 against 199-210 tok/s; the f32/f16/bf16 kernels, with their far prefetch,
-// showed no such gain; the K-quants' two rows side by side 1.5-3x slower). Several tokens: tiles
-// of Dot::kRows rows x Dot::kTokens tokens (as many accumulators as the register file holds),
-// through tile_tab (AVX2) or the row-pair tiles (VNNI), each weight block unpacked once per
-// tile; leftover rows and tokens in thinner tiles.
+// A legacy format's matrix. Decode (one token): decode_runs with Dot::kDecodeRuns runs (AVX2:
+// 4; the VNNI set one row at a time, as measured on Zen 4 against four adjacent rows side by
+// side: SmolLM2 Q8_0 decode 199-210 against 115-130 tok/s). Several tokens: tiles of Dot::kRows
+// rows x Dot::kTokens tokens (as many accumulators as the register file holds), through
+// tile_tab (AVX2) or the row-pair tiles (VNNI), each weight block unpacked once per tile;
+// leftover rows and tokens in thinner tiles.
 template <class Dot, class W>
 void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const QuantActs& x,
                  int64_t nt, float* y, int64_t y_stride) {
   if (nt == 1) {
+    constexpr int S = Dot::kDecodeRuns;
     // A signed format whose offset level times 127 fits maddubs (Q4_0, Q5_0) on the AVX2 set:
     // the offset form, its corrections (the token's own, the same for every row) made once
     // per call: an add per block instead of the sign of each level moved onto x (abs and sign)
@@ -693,14 +714,16 @@ void qdot_format(const std::byte* w, uint64_t row_bytes, int64_t nr, const Quant
     if constexpr (W::kSigned && !Dot::kFusedAcc) {
       if constexpr (W::kOffset <= 64) {
         const int32_t* corr = offset_corrections<Dot, W>(x, 1);
-        for (int64_t r = 0; r < nr; ++r)
-          tile<Dot, W, 1, 1, true>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride, corr);
-        return;
+        return decode_runs<S>(w, row_bytes, nr, y,
+                              [&]<int N>(const std::byte* wr, uint64_t apart, float* out) {
+                                tile<Dot, W, N, 1, true>(wr, apart, x, 0, out, 0, corr);
+                              });
       }
     }
-    for (int64_t r = 0; r < nr; ++r)
-      tile<Dot, W, 1, 1>(w + r * row_bytes, row_bytes, x, 0, y + r, y_stride);
-    return;
+    return decode_runs<S>(w, row_bytes, nr, y,
+                          [&]<int N>(const std::byte* wr, uint64_t apart, float* out) {
+                            tile<Dot, W, N, 1>(wr, apart, x, 0, out, 0);
+                          });
   }
   constexpr int R = Dot::kRows, T = Dot::kTokens;
   static_assert(kScaleTables<Dot> || Dot::kRowPairs);
