@@ -76,11 +76,16 @@ using AxpyRowsFn = void (*)(float* y, const float* a, const float* rows, int64_t
 // The result is the fixed horizontal sum of `as` (8 -> 4 -> 2 -> 1 lanes), plus am.
 // K-quants (256-element super-blocks, one activation scale each, as ggml's q8_K): per (row,
 // token), one 8-lane f32 accumulator `as`; for each super-block u in increasing order:
-//   I_j = sum over its eight 32-element blocks b and k < 4 of sc * q * xq at element
-//         32 b + 4 j + k                                    (exact, int32; any order)
+//   I_j = sum over its eight 32-element blocks b and k < 4 of sc * (q + o) * xq at element
+//         32 b + 4 j + k, minus o * (sc[2 j] * X16[2 j] + sc[2 j + 1] * X16[2 j + 1])
+//                                                           (exact, int32; any order)
 //   as_j = fma(d * dx[u], float(I_j), as_j)
-//   formats with a min: B_j = mn[2 j] * X16[2 j] + mn[2 j + 1] * X16[2 j + 1], with mn[i] and
-//     X16[i] the min and the xq sum of the super-block's i-th 16 elements (exact), and
+//   with o the format's level offset (Q3_K 4, Q6_K 32, else 0; level_offset()), sc[i] the
+//   sub-scale and X16[i] the xq sum of the super-block's i-th 16 elements: sum_j I_j is the
+//   exact sum of sc * q * xq, and a kernel takes the offset off once per super-block instead
+//   of per block (as ggml's q6_K dot product does), on unsigned levels.
+//   formats with a min: B_j = mn[2 j] * X16[2 j] + mn[2 j + 1] * X16[2 j + 1], with mn[i] the
+//     min of the super-block's i-th 16 elements (exact), and
 //     as_j = fma(m * dx[u], float(B_j), as_j)
 // The result is the fixed horizontal sum of `as`. float(I_j) may round (|I_j| < 2^25), the same
 // way on every set. The integer steps are exact and the f32 steps are the same on every kernel
@@ -93,6 +98,10 @@ struct QuantActs {
   int64_t n;            // elements per token
   int64_t group;        // elements per activation scale: 32 or 256
 };
+// The K-quant level offset o of kernel_set.h's order: Q3_K 4, Q6_K 32, else 0.
+inline int level_offset(DType t) {
+  return t == DType::kQ3_K ? 4 : t == DType::kQ6_K ? 32 : 0;
+}
 // Whether block format t has a scale per 16 elements (applied to the integer lane sums).
 inline bool sub16_scales(DType t) {
   return t == DType::kQ2_K || t == DType::kQ3_K || t == DType::kQ6_K;

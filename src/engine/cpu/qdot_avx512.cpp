@@ -214,8 +214,8 @@ inline __m512i block_scales_pair(__m512i scb, int c) {
   return v;
 }
 // simd::tile_k with two blocks a 512-bit vector, block 2 c in the low half and 2 c + 1 in the
-// high one: per (row, token, block pair) one maddubs and one vpdpwssd (and a subtraction for the
-// signed formats), where tile_k spends twice as many 256-bit ones; the two blocks' activations
+// high one: per (row, token, block pair) one maddubs and one vpdpwssd, where tile_k spends twice
+// as many 256-bit ones; the two blocks' activations
 // lie side by side (one load). At the end of a super-block the halves are added (exact int32:
 // each lane then holds tile_k's integer sum) and tile_k's f32 steps follow, so the results are
 // tile_k's bit for bit.
@@ -245,13 +245,8 @@ void VnniDot::tile_k_wide(const std::byte* w, uint64_t row_bytes, const QuantAct
       }
       for (int t = 0; t < T; ++t) {
         const __m512i xv = _mm512_loadu_si512(x.q + (t0 + t) * x.n + u * 256 + c * 64);
-        __m512i xo = _mm512_setzero_si512();
-        if constexpr (W::kOffset != 0) xo = _mm512_maddubs_epi16(mask8w(W::kOffset), xv);
-        for (int r = 0; r < R; ++r) {
-          __m512i p = _mm512_maddubs_epi16(qu[r], xv);
-          if constexpr (W::kOffset != 0) p = _mm512_sub_epi16(p, xo);
-          acc[r][t] = _mm512_dpwssd_epi32(acc[r][t], p, scp[r]);
-        }
+        for (int r = 0; r < R; ++r)
+          acc[r][t] = _mm512_dpwssd_epi32(acc[r][t], _mm512_maddubs_epi16(qu[r], xv), scp[r]);
       }
     }
     simd::unit_fmas<W, R, T>(v, x, t0, u, as, [&](int r, int t) {

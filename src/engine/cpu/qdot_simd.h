@@ -66,13 +66,20 @@ inline __m256i nibbles32(const std::byte* qs) {
 }
 
 // One row's multipliers for a K-quant super-block (tile_k): d and its scale bytes; with a min
-// also m and each 16 elements' int16 min, in element order.
+// also m and each 16 elements' int16 min; with a level offset o, o times each 16 elements'
+// sub-scale (int16, |o * sc| <= 2^12); all in element order.
 struct UnitVec {
   float d;
   float m;
   __m256i scb;   // the scale bytes in both 128-bit halves (the format's block_scales reads them)
   __m256i mn16;
+  __m256i oc16;
 };
+// offset times each of the 16 signed sub-scale bytes of sc, as int16.
+inline __m256i offset_scales(int offset, __m128i sc) {
+  return _mm256_mullo_epi16(_mm256_cvtepi8_epi16(sc),
+                            _mm256_set1_epi16(static_cast<short>(offset)));
+}
 inline __m256i both_halves(__m128i v) { return _mm256_broadcastsi128_si256(v); }
 
 // --- legacy formats: one block a unit, no sub-scales -------------------------------------------
@@ -161,8 +168,10 @@ struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
     const uint32_t s3 = ((a[1] >> 4) & k4) | (((a[2] >> 6) & k2) << 4);
     const __m128i b = _mm_setr_epi32(static_cast<int>(s0), static_cast<int>(s1),
                                      static_cast<int>(s2), static_cast<int>(s3));
+    const __m128i sc = _mm_sub_epi8(b, _mm_set1_epi8(32));
     v.d = f16(u + 108);
-    v.scb = both_halves(_mm_sub_epi8(b, _mm_set1_epi8(32)));
+    v.scb = both_halves(sc);
+    v.oc16 = offset_scales(kOffset, sc);
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     const __m256i low =
@@ -218,7 +227,9 @@ struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
   static inline void unit(const std::byte* u, UnitVec& v) {
     v.d = f16(u + 208);
     // Block jb = 4 half + k uses scales 8 half + 2 k + {0, 1} = 2 jb + {0, 1}: element order.
-    v.scb = both_halves(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192)));
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u + 192));
+    v.scb = both_halves(sc);
+    v.oc16 = offset_scales(kOffset, sc);
   }
   static inline __m256i ulevels(const std::byte* u, int jb) {
     const int half = jb / 4, k = jb % 4;
@@ -465,9 +476,10 @@ inline void tile_tab(const std::byte* w, uint64_t row_bytes, const QuantActs& x,
 }
 
 // The end of a K-quant super-block u for an R x T tile: per (row, token) the reference's two
-// fmas, d·dx times the exact integer sum isum(r, t) (8 lanes) and, with a min, m·dx times the
-// blocks' min sums. One definition for every tile kernel (tile_k, VnniDot::tile_k_wide): their
-// bits are equal because these steps are.
+// fmas, d·dx times the exact integer lanes I (isum(r, t), the unsigned levels' lane sums, less
+// the offset's o * sc * X16 lanes, one madd) and, with a min, m·dx times the blocks' min sums.
+// One definition for every tile kernel (tile_k, VnniDot::tile_k_wide): their bits are equal
+// because these steps are.
 template <class W, int R, int T, class IntSum>
 [[gnu::always_inline]] inline void unit_fmas(const UnitVec (&v)[R], const QuantActs& x,
                                              int64_t t0, int64_t u, __m256 (&as)[R][T],
@@ -476,10 +488,12 @@ template <class W, int R, int T, class IntSum>
   for (int t = 0; t < T; ++t) {
     const float dx = x.d[(t0 + t) * nu + u];
     __m256i xs16;
-    if constexpr (W::kMin) xs16 = load256(x.sum16 + (t0 + t) * (x.n / 16) + u * 16);
+    if constexpr (W::kMin || W::kOffset != 0)
+      xs16 = load256(x.sum16 + (t0 + t) * (x.n / 16) + u * 16);
     for (int r = 0; r < R; ++r) {
-      as[r][t] =
-          _mm256_fmadd_ps(_mm256_set1_ps(v[r].d * dx), _mm256_cvtepi32_ps(isum(r, t)), as[r][t]);
+      __m256i i = isum(r, t);
+      if constexpr (W::kOffset != 0) i = _mm256_sub_epi32(i, _mm256_madd_epi16(v[r].oc16, xs16));
+      as[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(v[r].d * dx), _mm256_cvtepi32_ps(i), as[r][t]);
       if constexpr (W::kMin) {
         const __m256i bsum = _mm256_madd_epi16(v[r].mn16, xs16);
         as[r][t] =
@@ -491,12 +505,15 @@ template <class W, int R, int T, class IntSum>
 
 // The K-quants (kernel_set.h, activations in 256-element groups): R rows x T tokens. Per
 // super-block, each (row, token) sums its eight blocks' lane sums times their sub-scales in an
-// int32 vector, exactly: the unsigned levels times xq in int16 pairs (maddubs; a signed
-// format's offset times xq taken off, maddubs(offset, xq) made once per token and block: every
-// pair stays below 2^15), then Dot::madd_acc applies the pair's sub-scale and adds (VNNI: one
-// vpdpwssd). Each block's R rows are unpacked first and the tokens then come one at a time, so
-// that only R x T accumulators and 2 R row vectors stay in registers (VNNI 4 x 6: 32; with the
-// six token vectors held as well they had spilled, 123-125 against 128-135 GFLOP/s for Q6_K).
+// int32 vector, exactly: the unsigned levels (level + kOffset, at most 63) times xq in int16
+// pairs (maddubs: every pair stays below 2^15), then Dot::madd_acc applies the pair's sub-scale
+// and adds (VNNI: one vpdpwssd); the offset's share comes off once per super-block, in
+// unit_fmas. Per block and (row, token) that is two multiplies, where taking the offset off each
+// block had cost a third (maddubs(offset, xq) per token) and a subtraction: Q6_K prefill 84 ->
+// 94 and Q3_K 73 -> 83 GFLOP/s at 2048 columns on one Zen 3 core. Each block's R rows are
+// unpacked first and the tokens then come one at a time, so that only R x T accumulators and
+// 2 R row vectors stay in registers (VNNI 4 x 6: 32; with the six token vectors held as well
+// they had spilled, 123-125 against 128-135 GFLOP/s for Q6_K).
 // Then per super-block, the reference's two fmas. One (row, token) alone (decode) splits its
 // integer sum over four accumulators (exact in any order), so that no block waits for the one
 // before.
@@ -533,13 +550,9 @@ inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, i
       }
       for (int t = 0; t < T; ++t) {
         const __m256i xv = load256(x.q + (t0 + t) * x.n + u * 256 + jb * kQK);
-        __m256i xo = _mm256_setzero_si256();
-        if constexpr (W::kOffset != 0) xo = _mm256_maddubs_epi16(mask8(W::kOffset), xv);
         for (int r = 0; r < R; ++r) {
-          __m256i p = _mm256_maddubs_epi16(qu[r], xv);
-          if constexpr (W::kOffset != 0) p = _mm256_sub_epi16(p, xo);
           __m256i& a = acc[r][t][jb % kSplit];
-          a = Dot::madd_acc(a, p, scp[r]);
+          a = Dot::madd_acc(a, _mm256_maddubs_epi16(qu[r], xv), scp[r]);
           if constexpr (!Dot::kFusedAcc && kSplit == 1) pin(a);
         }
       }
