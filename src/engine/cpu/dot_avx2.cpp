@@ -33,12 +33,12 @@ template <typename W, int R, int T>
   }
 }
 
-// The R consecutive rows from w.
+// R rows from w, `apart` bytes apart (row_bytes: consecutive rows).
 template <int R>
-struct AdjacentRows {
+struct StridedRows {
   const std::byte* row[R];
-  AdjacentRows(const std::byte* w, uint64_t row_bytes) {
-    for (int r = 0; r < R; ++r) row[r] = w + static_cast<uint64_t>(r) * row_bytes;
+  StridedRows(const std::byte* w, uint64_t apart) {
+    for (int r = 0; r < R; ++r) row[r] = w + static_cast<uint64_t>(r) * apart;
   }
 };
 
@@ -48,7 +48,7 @@ struct AdjacentRows {
 template <typename W, int R, int T>
 inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
                  int64_t n, float* y, int64_t y_stride) {
-  const AdjacentRows<R> rows(w, row_bytes);
+  const StridedRows<R> rows(w, row_bytes);
   __m256 a[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) a[r][t] = _mm256_setzero_ps();
@@ -64,17 +64,18 @@ inline void tile(const std::byte* w, uint64_t row_bytes, const float* x, int64_t
       y[t * y_stride + r] = finish_pair<W>(a[r][t], rows.row[r], x + t * x_stride, i, n);
 }
 
-// S rows anywhere (rows[s]), one token, without software prefetch: one accumulator chain per
-// row, S chains side by side, each row read front to back.
+// S rows `apart` bytes apart from w, one token, y[s] = dot(row s, x), without software
+// prefetch: one accumulator chain per row, S chains side by side, each row read front to back.
 template <typename W, int S>
-inline void rows_apart(const std::byte* const* rows, const float* x, int64_t n, float* const* y) {
+inline void rows_apart(const std::byte* w, uint64_t apart, const float* x, int64_t n, float* y) {
+  const StridedRows<S> rows(w, apart);
   __m256 a[S][1];
   for (int s = 0; s < S; ++s) a[s][0] = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
-    for (int c = 0; c < 32; c += 8) step<W, S, 1>(rows, x, 0, i + c, a);
-  for (; i + 8 <= n; i += 8) step<W, S, 1>(rows, x, 0, i, a);
-  for (int s = 0; s < S; ++s) *y[s] = finish_pair<W>(a[s][0], rows[s], x, i, n);
+    for (int c = 0; c < 32; c += 8) step<W, S, 1>(rows.row, x, 0, i + c, a);
+  for (; i + 8 <= n; i += 8) step<W, S, 1>(rows.row, x, 0, i, a);
+  for (int s = 0; s < S; ++s) y[s] = finish_pair<W>(a[s][0], rows.row[s], x, i, n);
 }
 
 // One token alone (attention, single rows; decode's matmul takes matvec below): the R rows side
@@ -83,11 +84,7 @@ inline void rows_apart(const std::byte* const* rows, const float* x, int64_t n, 
 template <typename W, int R>
 inline void tile_rows(const std::byte* w, uint64_t row_bytes, const float* x, int64_t x_stride,
                       int nt, int64_t n, float* y, int64_t y_stride) {
-  if (nt == 1) {
-    float* out[R];
-    for (int r = 0; r < R; ++r) out[r] = y + r;
-    return rows_apart<W, R>(AdjacentRows<R>(w, row_bytes).row, x, n, out);
-  }
+  if (nt == 1) return rows_apart<W, R>(w, row_bytes, x, n, y);
   for (int t = 0; t < nt; t += 3) {
     const float* xt = x + t * x_stride;
     float* yt = y + t * y_stride;
@@ -110,33 +107,20 @@ void dot_tile(const std::byte* w, uint64_t row_bytes, int nr, const float* x, in
   }
 }
 
-// Decode's matrix-vector product: the rows cut into kStreams equal runs, row j of every run
-// together, so that each run is read as one long sequential stream that the hardware prefetcher
-// follows, and the runs' accumulator chains hide each other's latency. On the 2-vCPU Zen 3 host,
-// kernel_bench --tokens 1, F16 GB/s at 1 thread: 1 stream 13-15, 2: 17-20, 4: 22-28, 6 and 8
-// no faster; 4 adjacent rows side by side 9-18, the earlier two-accumulator single row
-// 14-18.
+// Decode's matrix-vector product: decode_runs (dot_simd.h) with kStreams runs, so that each run
+// is read as one long sequential stream that the hardware prefetcher follows, and the runs'
+// accumulator chains hide each other's latency. On the 2-vCPU Zen 3 host, kernel_bench
+// --tokens 1, F16 GB/s at 1 thread: 1 stream 13-15, 2: 17-20, 4: 22-28, 6 and 8 no faster;
+// 4 adjacent rows side by side 9-18, the earlier two-accumulator single row 14-18.
 constexpr int kStreams = 4;
 
 template <typename W>
 void matvec(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x, int64_t n,
             float* y) {
-  const int64_t run = (nr + kStreams - 1) / kStreams;
-  for (int64_t j = 0; j < run; ++j) {
-    const std::byte* rows[kStreams] = {};
-    float* out[kStreams] = {};
-    int s = 0;
-    for (int64_t r = j; r < nr && s < kStreams; r += run, ++s) {
-      rows[s] = w + static_cast<uint64_t>(r) * row_bytes;
-      out[s] = y + r;
-    }
-    switch (s) {
-      case 1: rows_apart<W, 1>(rows, x, n, out); break;
-      case 2: rows_apart<W, 2>(rows, x, n, out); break;
-      case 3: rows_apart<W, 3>(rows, x, n, out); break;
-      default: rows_apart<W, 4>(rows, x, n, out); break;
-    }
-  }
+  decode_runs<kStreams>(w, row_bytes, nr, y,
+                        [&]<int S>(const std::byte* wr, uint64_t apart, float* out) {
+                          rows_apart<W, S>(wr, apart, x, n, out);
+                        });
 }
 
 // ---- Multi-token matmul -------------------------------------------------------------------
@@ -148,7 +132,7 @@ void matvec(const std::byte* w, uint64_t row_bytes, int64_t nr, const float* x, 
 template <typename W, int R, int T>
 void micro(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc, const float* x,
            int64_t x_stride, float* acc, int64_t acc_stride) {
-  const AdjacentRows<R> rows(w, row_bytes);
+  const StridedRows<R> rows(w, row_bytes);
   __m256 a[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t)

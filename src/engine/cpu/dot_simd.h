@@ -1,6 +1,7 @@
 // Internal: the 8-lane pieces of the f32-path reduction order (kernel_set.h) that the AVX2 and
 // AVX-512 sets share: the weight loaders of 8 elements, the fixed horizontal sum, the epilogue
-// of one (row, token) pair and the 8-pair reduction of the multi-token matmul. Included by
+// of one (row, token) pair and the 8-pair reduction of the multi-token matmul; and the decode
+// row schedule that both paths' matrix-vector products use (decode_runs). Included by
 // dot_avx2.cpp and dot_avx512.cpp under their own target flags; everything here has internal
 // linkage (as vec_simd.h), so each includer gets code for its own instruction set. Both compute
 // the same IEEE operations in the same order, which is why the two sets give the same bits.
@@ -100,6 +101,28 @@ inline __m256 hsum8(const float* acc, int64_t stride) {
                                   _mm256_shuffle_ps(h[2], h[3], _MM_SHUFFLE(3, 2, 3, 2)));
   return _mm256_add_ps(_mm256_shuffle_ps(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm256_shuffle_ps(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// A matrix-vector product (one token) over nr rows: the rows cut into S equal runs, and row j
+// of every run computed together by tile<S>(row j, the runs' distance, out) (S rows that
+// distance apart; out[s] is run s's row j); the leftover rows by tile<1> one at a time. Each
+// run is one long sequential stream, which the hardware prefetcher follows, and the S rows'
+// accumulator chains hide each other's latency. A row's result does not depend on which rows
+// share its tile. S = 1: one row at a time, in order.
+template <int S, class Tile>
+inline void decode_runs(const std::byte* w, uint64_t row_bytes, int64_t nr, float* y,
+                        Tile&& tile) {
+  const int64_t run = nr / S;
+  const uint64_t apart = static_cast<uint64_t>(run) * row_bytes;
+  if constexpr (S > 1) {
+    for (int64_t j = 0; j < run; ++j) {
+      float out[S];
+      tile.template operator()<S>(w + static_cast<uint64_t>(j) * row_bytes, apart, out);
+      for (int s = 0; s < S; ++s) y[j + s * run] = out[s];
+    }
+  }
+  for (int64_t r = S > 1 ? S * run : 0; r < nr; ++r)
+    tile.template operator()<1>(w + static_cast<uint64_t>(r) * row_bytes, row_bytes, y + r);
 }
 
 }  // namespace

@@ -99,7 +99,7 @@ struct QuantActs {
   int64_t group;        // elements per activation scale: 32 or 256
 };
 // The K-quant level offset o of kernel_set.h's order: Q3_K 4, Q6_K 32, else 0.
-inline int level_offset(DType t) {
+constexpr int level_offset(DType t) {
   return t == DType::kQ3_K ? 4 : t == DType::kQ6_K ? 32 : 0;
 }
 // Whether block format t has a scale per 16 elements (applied to the integer lane sums).

@@ -26,7 +26,7 @@ struct Avx2Dot {
   // The K-quants (simd::tile_k): 2 x 4, measured against 2 x 3, 3 x 3, 1 x 6 and 4 x 2 (the
   // best or level with it for Q4_K, Q5_K, Q6_K and Q2_K; 8 accumulators and 4 token vectors).
   static constexpr int kRowsK = 2, kTokensK = 4;
-  // The legacy formats' decode: the rows in 4 runs read side by side (simd::decode_runs):
+  // The legacy formats' decode: the rows in 4 runs read side by side (decode_runs, dot_simd.h):
   // kernel_bench --tokens 1 --threads 1, GB/s on 576x1536 and 2048x2048, one row at a time ->
   // 4 runs: Q4_1 8-12 -> 10-16, Q8_0 15-22 -> 22-26, Q4_0 9-12 -> 9-14, Q5_1 9-11 -> 14. The
   // K-quants, whose one-row tile splits its chain four ways, measured 0-30% slower in runs.

@@ -44,8 +44,8 @@ struct VnniDot {
   // 4 x 6, 2 x 8, 2 x 6 and 3 x 4, all within the noise (Q4_K 106-118 GFLOP/s, Q6_K 99-120,
   // Q5_K 100-108); 4 x 6 holds 24 of the 32 registers in accumulators alone.
   static constexpr int kRowsK = 4, kTokensK = 4;
-  // The legacy formats' decode: one row at a time (simd::decode_runs; runs, faster on Zen 3's
-  // AVX2 set, are untimed on an AVX-512 host).
+  // The legacy formats' decode: one row at a time (decode_runs, dot_simd.h; runs, faster on
+  // Zen 3's AVX2 set, are untimed on an AVX-512 host).
   static constexpr int kDecodeRuns = 1;
   static constexpr bool kFusedAcc = true;  // vpdpbusd: no intermediate saturation
   static inline __m256i dot(__m256i a_u8, __m256i b_s8) {
@@ -215,10 +215,9 @@ inline __m512i block_scales_pair(__m512i scb, int c) {
 }
 // simd::tile_k with two blocks a 512-bit vector, block 2 c in the low half and 2 c + 1 in the
 // high one: per (row, token, block pair) one maddubs and one vpdpwssd, where tile_k spends twice
-// as many 256-bit ones; the two blocks' activations
-// lie side by side (one load). At the end of a super-block the halves are added (exact int32:
-// each lane then holds tile_k's integer sum) and tile_k's f32 steps follow, so the results are
-// tile_k's bit for bit.
+// as many 256-bit ones; the two blocks' activations lie side by side (one load). At the end of a
+// super-block the halves are added (exact int32: each lane then holds tile_k's integer sum) and
+// tile_k's f32 steps follow, so the results are tile_k's bit for bit.
 template <class W, int R, int T>
 void VnniDot::tile_k_wide(const std::byte* w, uint64_t row_bytes, const QuantActs& x, int64_t t0,
                           float* y, int64_t y_stride) {

@@ -79,20 +79,19 @@ float qdot_k(const std::byte* row, DType t, const QuantActs& x, int64_t tok) {
   float as[8] = {};
   IntBlock w;
   for (int64_t u = 0; u < nu; ++u) {
-    int32_t isum[8] = {}, bsum[8] = {}, sc16[16];
+    int32_t isum[8] = {}, bsum[8] = {};
     for (int jb = 0; jb < 8; ++jb) {
       int_block(t, row, u * 8 + jb, &w);
       const int8_t* xb = xq + u * 256 + jb * kQK;
       for (int j = 0; j < 8; ++j)
         for (int k = 0; k < 4; ++k)
           isum[j] += w.sc[j / 4] * (static_cast<int32_t>(w.q[4 * j + k]) + o) * xb[4 * j + k];
-      // Lane jb of B takes the super-block's 16-element groups 2 jb and 2 jb + 1: block jb's.
-      bsum[jb] = w.mn[0] * xs[u * 16 + 2 * jb] + w.mn[1] * xs[u * 16 + 2 * jb + 1];
-      sc16[2 * jb] = w.sc[0];
-      sc16[2 * jb + 1] = w.sc[1];
+      // Lane jb of B and of I's offset term takes the super-block's 16-element groups 2 jb and
+      // 2 jb + 1: block jb's.
+      const int32_t x0 = xs[u * 16 + 2 * jb], x1 = xs[u * 16 + 2 * jb + 1];
+      bsum[jb] = w.mn[0] * x0 + w.mn[1] * x1;
+      isum[jb] -= o * (w.sc[0] * x0 + w.sc[1] * x1);
     }
-    for (int j = 0; j < 8; ++j)
-      isum[j] -= o * (sc16[2 * j] * xs[u * 16 + 2 * j] + sc16[2 * j + 1] * xs[u * 16 + 2 * j + 1]);
     // w.d and w.m are the super-block's, the same for each of its blocks.
     const float ds = w.d * dx[u];
     for (int j = 0; j < 8; ++j) as[j] = std::fma(ds, static_cast<float>(isum[j]), as[j]);

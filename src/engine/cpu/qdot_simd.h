@@ -152,7 +152,7 @@ struct Q2_K {  // scales[16] @0, qs[64] @16, d @80, dmin @82
   }
 };
 struct Q3_K {  // hmask[32] @0, qs[64] @32, scales[12] @96, d @108
-  static constexpr int kBytes = sizeof(BlockQ3_K), kOffset = 4;
+  static constexpr int kBytes = sizeof(BlockQ3_K), kOffset = level_offset(DType::kQ3_K);
   static constexpr int kScaleStride = 2;
   static constexpr bool kSignedScales = true;
   static constexpr bool kMin = false;
@@ -220,7 +220,7 @@ struct Q5_K {  // qh[32] @16, qs[128] @48
   }
 };
 struct Q6_K {  // ql[128] @0, qh[64] @128, scales[16] @192, d @208
-  static constexpr int kBytes = sizeof(BlockQ6_K), kOffset = 32;
+  static constexpr int kBytes = sizeof(BlockQ6_K), kOffset = level_offset(DType::kQ6_K);
   static constexpr int kScaleStride = 2;
   static constexpr bool kSignedScales = true;
   static constexpr bool kMin = false;
@@ -257,6 +257,8 @@ inline void pin(__m256i& v) { asm("" : "+x"(v)); }
 
 // The fixed horizontal sum (8 -> 4 -> 2 -> 1 lanes), the f32 path's (dot_simd.h).
 using ::cleave::cpu::detail::hsum;
+// The decode row schedule, the f32 matvec's (dot_simd.h).
+using ::cleave::cpu::detail::decode_runs;
 
 // block_scales' 32 shuffle bytes for block jb, into pick.
 template <class W>
@@ -565,28 +567,6 @@ inline void tile_k(const std::byte* w, uint64_t row_bytes, const QuantActs& x, i
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) y[t * y_stride + r] = hsum(as[r][t]);
-}
-
-// A matrix-vector product (one token) over nr rows: the rows cut into S equal runs, and row j
-// of every run computed together by tile<S>(row j, the runs' distance, out) (S rows that
-// distance apart; out[s] is run s's row j); the leftover rows by tile<1> one at a time. Each
-// run is one long sequential stream, which the hardware prefetcher follows, and the S rows'
-// accumulator chains hide each other's latency. A row's result does not depend on which rows
-// share its tile. S = 1: one row at a time, in order.
-template <int S, class Tile>
-inline void decode_runs(const std::byte* w, uint64_t row_bytes, int64_t nr, float* y,
-                        Tile&& tile) {
-  const int64_t run = nr / S;
-  const uint64_t apart = static_cast<uint64_t>(run) * row_bytes;
-  if constexpr (S > 1) {
-    for (int64_t j = 0; j < run; ++j) {
-      float out[S];
-      tile.template operator()<S>(w + static_cast<uint64_t>(j) * row_bytes, apart, out);
-      for (int s = 0; s < S; ++s) y[j + s * run] = out[s];
-    }
-  }
-  for (int64_t r = S > 1 ? S * run : 0; r < nr; ++r)
-    tile.template operator()<1>(w + static_cast<uint64_t>(r) * row_bytes, row_bytes, y + r);
 }
 
 // A K-quant matrix: R x T tiles (Dot::kRowsK x kTokensK), leftovers in thinner ones; decode one
