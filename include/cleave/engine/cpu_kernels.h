@@ -103,9 +103,11 @@ void axpy(float* y, float a, const float* x, int64_t n);
 void dot_rows(DType dtype, const std::byte* rows, uint64_t row_bytes, int64_t n_rows,
               const float* x, int64_t x_stride, int64_t n_x, int64_t n, float* out,
               int64_t out_stride);
-// y[i] += a[r] * rows[r * stride + i] for r = 0, 1, ..., n_rows - 1 in that order: bit for bit
-// axpy(y, a[r], rows + r * stride, n) called row after row.
-void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
-               int64_t n);
+// For each output o < n_y: y[o * y_stride + i] += a[o * a_stride + r] * rows[r * stride + i] for
+// r = 0, 1, ..., n_rows - 1 in that order: bit for bit axpy(y + o * y_stride, a[o * a_stride +
+// r], rows + r * stride, n) called row after row. (Several outputs share each row's loads:
+// attention's heads and queries that read the same V rows.)
+void axpy_rows(float* y, int64_t y_stride, const float* a, int64_t a_stride, int64_t n_y,
+               const float* rows, int64_t stride, int64_t n_rows, int64_t n);
 
 }  // namespace cleave::cpu

@@ -57,10 +57,12 @@ using DotF32Fn = float (*)(const float* a, const float* b, int64_t n);
 // y[i] = y[i] + a * x[i], a rounded product then a rounded sum per element (never fused), so the
 // result equals the portable loop's.
 using AxpyFn = void (*)(float* y, float a, const float* x, int64_t n);
-// axpy of rows r = 0 .. n_rows - 1 (at rows + r * stride) in order, with a[r]: each element the
-// same rounded products and sums as n_rows calls of axpy.
-using AxpyRowsFn = void (*)(float* y, const float* a, const float* rows, int64_t stride,
-                            int64_t n_rows, int64_t n);
+// For each output o < n_y (at y + o * y_stride), axpy of rows r = 0 .. n_rows - 1 (at rows +
+// r * stride) in order, with a[o * a_stride + r]: each element the same rounded products and
+// sums as n_rows calls of axpy.
+using AxpyRowsFn = void (*)(float* y, int64_t y_stride, const float* a, int64_t a_stride,
+                            int64_t n_y, const float* rows, int64_t stride, int64_t n_rows,
+                            int64_t n);
 
 // The integer path (every block format, see uses_int_path() in cpu_kernels.h). The
 // activation row of each token is first quantised, per group g of G elements (G = 32 for the

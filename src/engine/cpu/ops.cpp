@@ -81,11 +81,14 @@ void dot_rows(DType dtype, const std::byte* rows, uint64_t row_bytes, int64_t n_
   }
 }
 
-void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
-               int64_t n) {
+void axpy_rows(float* y, int64_t y_stride, const float* a, int64_t a_stride, int64_t n_y,
+               const float* rows, int64_t stride, int64_t n_rows, int64_t n) {
   const detail::KernelSet& set = detail::active_kernels();
-  if (set.axpy_rows != nullptr) return set.axpy_rows(y, a, rows, stride, n_rows, n);
-  for (int64_t r = 0; r < n_rows; ++r) axpy(y, a[r], rows + r * stride, n);
+  if (set.axpy_rows != nullptr)
+    return set.axpy_rows(y, y_stride, a, a_stride, n_y, rows, stride, n_rows, n);
+  for (int64_t o = 0; o < n_y; ++o)
+    for (int64_t r = 0; r < n_rows; ++r)
+      axpy(y + o * y_stride, a[o * a_stride + r], rows + r * stride, n);
 }
 
 }  // namespace cleave::cpu

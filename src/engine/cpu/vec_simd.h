@@ -10,6 +10,7 @@
 // [-126, 127]).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernel_set.h"
@@ -17,39 +18,72 @@
 namespace cleave::cpu::detail::vec {
 namespace {
 
-// axpy of each row in turn, y held in registers across the rows: per element the same rounded
-// product and rounded sum as axpy, row after row.
-template <class V>
-void axpy_rows(float* y, const float* a, const float* rows, int64_t stride, int64_t n_rows,
-               int64_t n) {
+// C vectors of H outputs at element i: per row r in order, the row's C vectors are loaded once
+// and added into each output o as a[o * a_stride + r] times them (mul, then add: axpy's rounded
+// product and rounded sum), the outputs held in registers across the rows.
+template <class V, int H, int C>
+[[gnu::always_inline]] inline void axpy_block(float* y, int64_t y_stride, const float* a,
+                                              int64_t a_stride, const float* rows, int64_t stride,
+                                              int64_t n_rows, int64_t i) {
+  constexpr int64_t L = V::kLanes;
+  typename V::Reg acc[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) acc[h][c] = V::load(y + h * y_stride + i + c * L);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* x = rows + r * stride + i;
+    typename V::Reg xv[C];
+    for (int c = 0; c < C; ++c) xv[c] = V::load(x + c * L);
+    for (int h = 0; h < H; ++h) {
+      const typename V::Reg av = V::set1(a[h * a_stride + r]);
+      for (int c = 0; c < C; ++c) acc[h][c] = V::add(acc[h][c], V::mul(av, xv[c]));
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int c = 0; c < C; ++c) V::store(y + h * y_stride + i + c * L, acc[h][c]);
+}
+
+// H outputs over all n elements: kAxpyVecs vectors at a time, then the leftover vectors, then
+// the scalar tail, each element the same operations in the same row order.
+template <class V, int H>
+void axpy_outputs(float* y, int64_t y_stride, const float* a, int64_t a_stride, const float* rows,
+                  int64_t stride, int64_t n_rows, int64_t n) {
+  // Three outputs x 3 ymm (x 4 zmm): 9 (12) independent add chains per row, which keeps both
+  // add ports busy past the add latency, in 14 (18) registers; one or two outputs, 4 vectors.
+  constexpr int C = V::kLanes >= 16 || H < 3 ? 4 : 3;
   constexpr int64_t L = V::kLanes;
   int64_t i = 0;
-  for (; i + 4 * L <= n; i += 4 * L) {
-    typename V::Reg y0 = V::load(y + i), y1 = V::load(y + i + L), y2 = V::load(y + i + 2 * L),
-                    y3 = V::load(y + i + 3 * L);
-    for (int64_t r = 0; r < n_rows; ++r) {
-      const typename V::Reg av = V::set1(a[r]);
-      const float* x = rows + r * stride + i;
-      y0 = V::add(y0, V::mul(av, V::load(x)));
-      y1 = V::add(y1, V::mul(av, V::load(x + L)));
-      y2 = V::add(y2, V::mul(av, V::load(x + 2 * L)));
-      y3 = V::add(y3, V::mul(av, V::load(x + 3 * L)));
+  for (; i + C * L <= n; i += C * L)
+    axpy_block<V, H, C>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
+  switch ((n - i) / L) {
+    case 3: if constexpr (C > 3) axpy_block<V, H, 3>(y, y_stride, a, a_stride, rows, stride, n_rows, i); break;
+    case 2: axpy_block<V, H, 2>(y, y_stride, a, a_stride, rows, stride, n_rows, i); break;
+    case 1: axpy_block<V, H, 1>(y, y_stride, a, a_stride, rows, stride, n_rows, i); break;
+    default: break;
+  }
+  i += (n - i) / L * L;
+  for (int h = 0; h < H; ++h) {
+    float* yh = y + h * y_stride;
+    for (int64_t k = i; k < n; ++k) {
+      float v = yh[k];
+      for (int64_t r = 0; r < n_rows; ++r) v += a[h * a_stride + r] * rows[r * stride + k];
+      yh[k] = v;
     }
-    V::store(y + i, y0);
-    V::store(y + i + L, y1);
-    V::store(y + i + 2 * L, y2);
-    V::store(y + i + 3 * L, y3);
   }
-  for (; i + L <= n; i += L) {
-    typename V::Reg y0 = V::load(y + i);
-    for (int64_t r = 0; r < n_rows; ++r)
-      y0 = V::add(y0, V::mul(V::set1(a[r]), V::load(rows + r * stride + i)));
-    V::store(y + i, y0);
-  }
-  for (; i < n; ++i) {
-    float v = y[i];
-    for (int64_t r = 0; r < n_rows; ++r) v += a[r] * rows[r * stride + i];
-    y[i] = v;
+}
+
+// axpy of each row in turn into each of n_y outputs (kernel_set.h, AxpyRowsFn): the outputs three
+// at a time, so that each row is loaded once for three of them.
+template <class V>
+void axpy_rows(float* y, int64_t y_stride, const float* a, int64_t a_stride, int64_t n_y,
+               const float* rows, int64_t stride, int64_t n_rows, int64_t n) {
+  for (int64_t o = 0; o < n_y; o += 3) {
+    float* yo = y + o * y_stride;
+    const float* ao = a + o * a_stride;
+    switch (std::min<int64_t>(3, n_y - o)) {
+      case 1: axpy_outputs<V, 1>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n); break;
+      case 2: axpy_outputs<V, 2>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n); break;
+      default: axpy_outputs<V, 3>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n); break;
+    }
   }
 }
 

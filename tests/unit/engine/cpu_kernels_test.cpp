@@ -237,16 +237,21 @@ TEST_P(KernelSetTest, DotRowsAndAxpyRowsMatchOneCallPerRowBitForBit) {
       }
     }
   }
-  for (int64_t n : {1, 8, 15, 16, 33, 64, 100, 129}) {
+  for (int64_t n : {1, 8, 15, 16, 24, 33, 48, 64, 100, 129}) {
     for (int64_t n_rows : {0, 1, 3, 16}) {
-      const int64_t stride = n + 5;
-      std::vector<float> rows = random_vector(n_rows * stride, 81);
-      std::vector<float> a = random_vector(n_rows, 82);
-      std::vector<float> y = random_vector(n, 83), expected = y;
-      for (int64_t r = 0; r < n_rows; ++r) axpy(expected.data(), a[r], rows.data() + r * stride, n);
-      axpy_rows(y.data(), a.data(), rows.data(), stride, n_rows, n);
-      for (int64_t i = 0; i < n; ++i)
-        ASSERT_EQ(bits(y[i]), bits(expected[i])) << "n=" << n << " rows=" << n_rows << " " << i;
+      for (int64_t n_y : {1, 2, 3, 4, 7}) {
+        const int64_t stride = n + 5, y_stride = n + 2, a_stride = n_rows + 1;
+        std::vector<float> rows = random_vector(n_rows * stride, 81);
+        std::vector<float> a = random_vector(n_y * a_stride, 82);
+        std::vector<float> y = random_vector(n_y * y_stride, 83), expected = y;
+        for (int64_t o = 0; o < n_y; ++o)
+          for (int64_t r = 0; r < n_rows; ++r)
+            axpy(expected.data() + o * y_stride, a[o * a_stride + r], rows.data() + r * stride, n);
+        axpy_rows(y.data(), y_stride, a.data(), a_stride, n_y, rows.data(), stride, n_rows, n);
+        for (int64_t i = 0; i < n_y * y_stride; ++i)
+          ASSERT_EQ(bits(y[i]), bits(expected[i]))
+              << "n=" << n << " rows=" << n_rows << " outputs=" << n_y << " " << i;
+      }
     }
   }
 }
