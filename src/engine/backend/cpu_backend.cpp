@@ -222,8 +222,9 @@ class CpuBackend final : public Backend {
   // The heads that share a KV head are taken together, a block of keys at a time: dot_rows
   // gives their scores for every key of the block (each the fixed-order dot of one query and one
   // key row, f16/bf16 rows converted exactly inside the kernel), axpy_rows adds the block's V
-  // rows into each head's output in key order (each row loaded once for the group's heads). Each (head, key) value is the one a dot_f32 or
-  // axpy call per key gives, so the grouping never changes a bit.
+  // rows into each head's output in key order (each row loaded once for the group's heads). Each
+  // (head, key) value is the one a dot_f32 or axpy call per key gives, so the grouping never
+  // changes a bit.
   static void attend_heads(const AttentionArgs& a, int64_t t, int64_t h0, int64_t h1,
                            float* scores) {
     const TokenBatch& b = *a.batch;

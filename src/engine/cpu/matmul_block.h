@@ -71,7 +71,8 @@ void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const floa
     const char* pf = reinterpret_cast<const char*>(wb + static_cast<uint64_t>(rb) * row_bytes);
     const char* const pf_end =
         pf + static_cast<uint64_t>(std::min(kBlockRows, nr - r0 - rb)) * row_bytes;
-    const int64_t steps = ((n8 + kChunk - 1) / kChunk) * ((rb + K::kMicroRows - 1) / K::kMicroRows) *
+    const int64_t steps = ((n8 + kChunk - 1) / kChunk) *
+                          ((rb + K::kMicroRows - 1) / K::kMicroRows) *
                           ((tg_max + K::kMicroTokens - 1) / K::kMicroTokens);
     const int64_t pf_step = ((pf_end - pf) / std::max<int64_t>(steps, 1) + 127) / 64 * 64;
     for (int64_t t0 = 0; t0 < nt; t0 += kTokenGroup) {

@@ -42,7 +42,7 @@ template <class V, int H, int C>
     for (int c = 0; c < C; ++c) V::store(y + h * y_stride + i + c * L, acc[h][c]);
 }
 
-// H outputs over all n elements: kAxpyVecs vectors at a time, then the leftover vectors, then
+// H outputs over all n elements: C vectors at a time, then the leftover vectors, then
 // the scalar tail, each element the same operations in the same row order.
 template <class V, int H>
 void axpy_outputs(float* y, int64_t y_stride, const float* a, int64_t a_stride, const float* rows,
@@ -55,10 +55,17 @@ void axpy_outputs(float* y, int64_t y_stride, const float* a, int64_t a_stride, 
   for (; i + C * L <= n; i += C * L)
     axpy_block<V, H, C>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
   switch ((n - i) / L) {
-    case 3: if constexpr (C > 3) axpy_block<V, H, 3>(y, y_stride, a, a_stride, rows, stride, n_rows, i); break;
-    case 2: axpy_block<V, H, 2>(y, y_stride, a, a_stride, rows, stride, n_rows, i); break;
-    case 1: axpy_block<V, H, 1>(y, y_stride, a, a_stride, rows, stride, n_rows, i); break;
-    default: break;
+    case 3:
+      if constexpr (C > 3) axpy_block<V, H, 3>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
+      break;
+    case 2:
+      axpy_block<V, H, 2>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
+      break;
+    case 1:
+      axpy_block<V, H, 1>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
+      break;
+    default:
+      break;
   }
   i += (n - i) / L * L;
   for (int h = 0; h < H; ++h) {
@@ -80,9 +87,15 @@ void axpy_rows(float* y, int64_t y_stride, const float* a, int64_t a_stride, int
     float* yo = y + o * y_stride;
     const float* ao = a + o * a_stride;
     switch (std::min<int64_t>(3, n_y - o)) {
-      case 1: axpy_outputs<V, 1>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n); break;
-      case 2: axpy_outputs<V, 2>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n); break;
-      default: axpy_outputs<V, 3>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n); break;
+      case 1:
+        axpy_outputs<V, 1>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n);
+        break;
+      case 2:
+        axpy_outputs<V, 2>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n);
+        break;
+      default:
+        axpy_outputs<V, 3>(yo, y_stride, ao, a_stride, rows, stride, n_rows, n);
+        break;
     }
   }
 }
