@@ -17,9 +17,13 @@ namespace {
 // more than it saves. Results do not depend on this choice (each output has one owner).
 constexpr int64_t kParallelMinWork = 1 << 15;
 
-// Attention scratch holds the scores of this many heads at the longest context (more heads per
-// pass when their contexts are shorter).
+// Attention scratch holds the scores of this many heads at the longest context, and at least
+// kMinScores floats (1 MiB), so that a prompt's queries can be taken kQueryBlock at a time:
+// a block of consecutive queries of one sequence reads each K and V row once for all of them
+// (the scores of a 1024-token prompt cost a K and V pass per 16 queries instead of per query).
 constexpr int64_t kHeadsPerPass = 8;
+constexpr int64_t kMinScores = int64_t{1} << 18;
+constexpr int64_t kQueryBlock = 16;
 
 class CpuBackend final : public Backend {
  public:
@@ -55,7 +59,7 @@ class CpuBackend final : public Backend {
   Status check() override { return Status::Ok(); }
 
   void reserve_attention(int64_t max_context) override {
-    capacity_ = kHeadsPerPass * std::max<int64_t>(max_context, 1);
+    capacity_ = std::max(kMinScores, kHeadsPerPass * std::max<int64_t>(max_context, 1));
     for (auto& s : scores_) s.assign(static_cast<size_t>(capacity_), 0.0f);
   }
 
@@ -127,8 +131,25 @@ class CpuBackend final : public Backend {
 
   void attention(const AttentionArgs& a) override {
     const TokenBatch& b = *a.batch;
-    const int64_t items = b.n_tokens * a.n_heads;
-    // Work of an item is proportional to its key count; slots get equal shares of it.
+    // Query blocks: runs of at most kQueryBlock tokens of one sequence at consecutive positions
+    // (a prompt chunk gives full blocks, a decode step one token each). An item is a block's
+    // head; blocks_ holds each block's first token, then n_tokens.
+    blocks_.clear();
+    for (int64_t t = 0; t < b.n_tokens; ++t) {
+      if (t == 0 || t - blocks_.back() == kQueryBlock || b.seq[t] != b.seq[t - 1] ||
+          b.positions[t] != b.positions[t - 1] + 1)
+        blocks_.push_back(t);
+    }
+    const int64_t n_blocks = static_cast<int64_t>(blocks_.size());
+    blocks_.push_back(b.n_tokens);
+    const int64_t items = n_blocks * a.n_heads;
+    // Work of an item is proportional to its key count (a block's: its queries' counts added);
+    // slots get equal shares of it.
+    auto block_keys = [&](int64_t blk) {
+      int64_t keys = 0;
+      for (int64_t t = blocks_[blk]; t < blocks_[blk + 1]; ++t) keys += b.positions[t] + 1;
+      return keys;
+    };
     int64_t total_keys = 0;
     for (int64_t t = 0; t < b.n_tokens; ++t) total_keys += b.positions[t] + 1;
     const int64_t work = total_keys * a.n_heads * a.head_dim * 2;
@@ -136,7 +157,7 @@ class CpuBackend final : public Backend {
                           ? 1
                           : static_cast<int>(std::min<int64_t>(pool_.size(), items));
     if (slots == 1) {
-      attend_items(a, 0, items, scores_[0].data(), capacity_);
+      attend_items(a, blocks_.data(), 0, items, scores_[0].data(), capacity_);
       return;
     }
     // Slot s takes the items from the one where the running key count reaches total * s / slots.
@@ -144,12 +165,12 @@ class CpuBackend final : public Backend {
     bounds_[0] = 0;
     int64_t seen = 0;
     int next = 1;
-    for (int64_t t = 0; t < b.n_tokens && next < slots; ++t) {
-      const int64_t keys = b.positions[t] + 1;
+    for (int64_t blk = 0; blk < n_blocks && next < slots; ++blk) {
+      const int64_t keys = block_keys(blk);
       for (int64_t h = 0; h < a.n_heads && next < slots; ++h) {
         seen += keys;
         while (next < slots && seen * slots >= total_keys * a.n_heads * next) {
-          bounds_[static_cast<size_t>(next++)] = t * a.n_heads + h + 1;
+          bounds_[static_cast<size_t>(next++)] = blk * a.n_heads + h + 1;
         }
       }
     }
@@ -159,14 +180,15 @@ class CpuBackend final : public Backend {
     // thread). One captured pointer keeps std::function from allocating.
     struct Job {
       const AttentionArgs* args;
+      const int64_t* blocks;
       std::vector<std::vector<float>>* scores;
       const int64_t* bounds;
       int64_t capacity;
-    } job{&a, &scores_, bounds_.data(), capacity_};
+    } job{&a, blocks_.data(), &scores_, bounds_.data(), capacity_};
     const Job* j = &job;
     pool_.parallel_for(slots, [j](int64_t b0, int64_t e0) {
       for (int64_t s = b0; s < e0; ++s) {
-        attend_items(*j->args, j->bounds[s], j->bounds[s + 1],
+        attend_items(*j->args, j->blocks, j->bounds[s], j->bounds[s + 1],
                      (*j->scores)[static_cast<size_t>(s)].data(), j->capacity);
       }
     });
@@ -196,36 +218,41 @@ class CpuBackend final : public Backend {
     });
   }
 
-  // Attention for items [i0, i1) (item = token * n_heads + head). The query at position p
-  // reduces over keys 0..p of its sequence in key order, block by block through the block table:
-  // scores by the fixed-order dot, a softmax over exactly p + 1 scores, V accumulated in key order.
-  // The items of one token are taken together, as many heads per pass as `scores` (`capacity`
-  // floats) holds, so that a pass streams each K and V row once, contiguously, for all of its
-  // heads; each head's arithmetic is the same whatever the grouping.
-  static void attend_items(const AttentionArgs& a, int64_t i0, int64_t i1, float* scores,
-                           int64_t capacity) {
+  // Attention for items [i0, i1) (item = query block * n_heads + head; `blocks` as blocks_). The
+  // query at position p reduces over keys 0..p of its sequence in key order, block by block
+  // through the block table: scores by the fixed-order dot, a softmax over exactly p + 1 scores,
+  // V accumulated in key order. A block's items are taken together, as many heads and queries
+  // per pass as `scores` (`capacity` floats) holds, so that a pass streams each K and V row once,
+  // contiguously, for all of them; each (query, head)'s arithmetic is the same whatever the
+  // grouping.
+  static void attend_items(const AttentionArgs& a, const int64_t* blocks, int64_t i0, int64_t i1,
+                           float* scores, int64_t capacity) {
     const TokenBatch& b = *a.batch;
     for (int64_t item = i0; item < i1;) {
-      const int64_t t = item / a.n_heads;
+      const int64_t blk = item / a.n_heads;
+      const int64_t t0 = blocks[blk], t1 = blocks[blk + 1];
       const int64_t h0 = item % a.n_heads;
       const int64_t h_end = std::min(a.n_heads, h0 + (i1 - item));
-      const int64_t n_keys = b.positions[t] + 1;
-      const int64_t per_pass = std::max<int64_t>(1, capacity / n_keys);
-      for (int64_t hb = h0; hb < h_end; hb += per_pass) {
-        attend_heads(a, t, hb, std::min(h_end, hb + per_pass), scores);
-      }
+      const int64_t max_keys = b.positions[t1 - 1] + 1;
+      const int64_t heads = std::min(h_end - h0, std::max<int64_t>(1, capacity / max_keys));
+      const int64_t queries = std::clamp<int64_t>(capacity / (heads * max_keys), 1, t1 - t0);
+      for (int64_t q0 = t0; q0 < t1; q0 += queries)
+        for (int64_t hb = h0; hb < h_end; hb += heads)
+          attend_heads(a, q0, std::min(t1, q0 + queries), hb, std::min(h_end, hb + heads), scores);
       item += h_end - h0;
     }
   }
 
-  // Attention of token t's heads [h0, h1); head h - h0's scores go to scores + (h - h0) * n_keys.
-  // The heads that share a KV head are taken together, a block of keys at a time: dot_rows
-  // gives their scores for every key of the block (each the fixed-order dot of one query and one
-  // key row, f16/bf16 rows converted exactly inside the kernel), axpy_rows adds the block's V
-  // rows into each head's output in key order (each row loaded once for the group's heads). Each
-  // (head, key) value is the one a dot_f32 or axpy call per key gives, so the grouping never
-  // changes a bit.
-  static void attend_heads(const AttentionArgs& a, int64_t t, int64_t h0, int64_t h1,
+  // Attention of queries [t0, t1) (consecutive positions of one sequence) for heads [h0, h1);
+  // the scores of head h and query t0 + i go to scores + ((h - h0) * (t1 - t0) + i) * n_keys,
+  // n_keys being the last query's key count. The heads that share a KV head are taken together,
+  // a block of keys at a time: dot_rows gives the scores of every (head, query) for every key of
+  // the block (each the fixed-order dot of one query and one key row, f16/bf16 rows converted
+  // exactly inside the kernel; a query's scores past its own position are made and never read),
+  // axpy_rows adds the block's V rows into the outputs in key order, each output over its own
+  // keys only (each row loaded once for all the outputs that take it). Each (head, query, key)
+  // value is the one a dot_f32 or axpy call per key gives, so the grouping never changes a bit.
+  static void attend_heads(const AttentionArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
                            float* scores) {
     const TokenBatch& b = *a.batch;
     const int64_t hd = a.head_dim;
@@ -233,10 +260,12 @@ class CpuBackend final : public Backend {
     const int64_t bs = a.kv.block_size;
     const int64_t group = a.n_heads / a.n_kv_heads;
     const float scale_div = std::sqrt(static_cast<float>(hd));
-    const int64_t n_keys = b.positions[t] + 1;
-    const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t]];
-    const float* q = a.q + t * a.n_heads * hd;
-    float* out = a.out + t * a.n_heads * hd;
+    const int64_t nq = t1 - t0;
+    const int64_t n_keys = b.positions[t1 - 1] + 1;
+    const BlockId* table = b.block_ids + b.seq_blocks[b.seq[t0]];
+    const int64_t q_stride = a.n_heads * hd;
+    const float* q = a.q + t0 * q_stride;
+    float* out = a.out + t0 * q_stride;
     const uint64_t row_bytes = a.kv.row_bytes();
     const uint64_t elem = row_bytes / static_cast<uint64_t>(kv_dim);
     const bool f32 = a.kv.dtype == DType::kF32;
@@ -248,15 +277,28 @@ class CpuBackend final : public Backend {
       const int64_t kvh = g0 / group;
       const int64_t g1 = std::min(h1, (kvh + 1) * group);  // heads [g0, g1) read KV head kvh
       const int64_t seg = kvh * hd;
-      float* sc = scores + (g0 - h0) * n_keys;
+      float* sc = scores + (g0 - h0) * nq * n_keys;
+      auto scores_of = [&](int64_t h, int64_t t) { return sc + ((h - g0) * nq + t) * n_keys; };
       for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
         const std::byte* k = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(seg) * elem;
-        cpu::dot_rows(a.kv.dtype, k, row_bytes, std::min(bs, n_keys - j0), q + g0 * hd, hd,
-                      g1 - g0, hd, sc + j0, n_keys);
+        const int64_t n = std::min(bs, n_keys - j0);
+        if (nq == 1) {
+          cpu::dot_rows(a.kv.dtype, k, row_bytes, n, q + g0 * hd, hd, g1 - g0, hd, sc + j0, n_keys);
+        } else {
+          for (int64_t h = g0; h < g1; ++h)
+            cpu::dot_rows(a.kv.dtype, k, row_bytes, n, q + h * hd, q_stride, nq, hd,
+                          scores_of(h, 0) + j0, n_keys);
+        }
       }
-      for (int64_t i = 0; i < (g1 - g0) * n_keys; ++i) sc[i] /= scale_div;
-      for (int64_t h = g0; h < g1; ++h) cpu::softmax(sc + (h - g0) * n_keys, n_keys);
-      std::fill(out + g0 * hd, out + g1 * hd, 0.0f);
+      for (int64_t h = g0; h < g1; ++h) {
+        for (int64_t t = 0; t < nq; ++t) {
+          float* row = scores_of(h, t);
+          const int64_t keys = b.positions[t0 + t] + 1;
+          for (int64_t i = 0; i < keys; ++i) row[i] /= scale_div;
+          cpu::softmax(row, keys);
+          std::fill_n(out + t * q_stride + h * hd, hd, 0.0f);
+        }
+      }
       for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
         const std::byte* v = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(bs) * row_bytes +
                              static_cast<uint64_t>(seg) * elem;
@@ -269,7 +311,25 @@ class CpuBackend final : public Backend {
           rows = converted.data();
           stride = hd;
         }
-        cpu::axpy_rows(out + g0 * hd, hd, sc + j0, n_keys, g1 - g0, rows, stride, n, hd);
+        if (nq == 1) {
+          cpu::axpy_rows(out + g0 * hd, hd, sc + j0, n_keys, g1 - g0, rows, stride, n, hd);
+          continue;
+        }
+        // Queries [full, nq) take all n rows of this block (one call for the group's heads and
+        // those queries); each earlier one its first `own` rows.
+        int64_t full = nq;
+        while (full > 0 && b.positions[t0 + full - 1] + 1 >= j0 + n) --full;
+        for (int64_t h = g0; h < g1; ++h) {
+          if (full < nq)
+            cpu::axpy_rows(out + full * q_stride + h * hd, q_stride, scores_of(h, full) + j0,
+                           n_keys, nq - full, rows, stride, n, hd);
+          for (int64_t t = 0; t < full; ++t) {
+            const int64_t own = b.positions[t0 + t] + 1 - j0;
+            if (own > 0)
+              cpu::axpy_rows(out + t * q_stride + h * hd, 0, scores_of(h, t) + j0, 0, 1, rows,
+                             stride, own, hd);
+          }
+        }
       }
       g0 = g1;
     }
@@ -280,6 +340,7 @@ class CpuBackend final : public Backend {
   int64_t capacity_ = 0;                    // floats in each scores_ buffer
   std::vector<std::vector<float>> scores_;  // one per pool slot
   std::vector<int64_t> bounds_;             // attention: first item of each slot, then the end
+  std::vector<int64_t> blocks_;             // attention: each query block's first token, then end
 };
 
 }  // namespace
