@@ -54,7 +54,8 @@ void axpy_outputs(float* y, int64_t y_stride, const float* a, int64_t a_stride, 
   int64_t i = 0;
   for (; i + C * L <= n; i += C * L)
     axpy_block<V, H, C>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
-  switch ((n - i) / L) {
+  const int64_t tail = (n - i) / L;  // whole vectors left (fewer than C)
+  switch (tail) {
     case 3:
       if constexpr (C > 3) axpy_block<V, H, 3>(y, y_stride, a, a_stride, rows, stride, n_rows, i);
       break;
@@ -67,7 +68,7 @@ void axpy_outputs(float* y, int64_t y_stride, const float* a, int64_t a_stride, 
     default:
       break;
   }
-  i += (n - i) / L * L;
+  i += tail * L;
   for (int h = 0; h < H; ++h) {
     float* yh = y + h * y_stride;
     for (int64_t k = i; k < n; ++k) {
