@@ -87,8 +87,12 @@ void rmsnorm(const float* x, const float* w, float eps, int64_t n, float* out);
 // out[i] = exp(x[i]) by the engine's own fixed sequence of operations (kernel_set.h), the same
 // bits on every kernel set, about 1 ulp from the true value; x and out may alias.
 void exp_f32(const float* x, float* out, int64_t n);
-// In-place numerically stable softmax (exp as above).
+// In-place numerically stable softmax (exp as above): the maximum m, x[i] = exp(x[i] - m), then
+// each x[i] times 1 / the sum of the x[i] added in index order.
 void softmax(float* x, int64_t n);
+// softmax(row, n[r]) of row r = x + r * stride for r < n_rows, after x[i] /= div over each row's
+// n[r] elements: bit for bit that division loop and softmax called row after row.
+void softmax_rows(float* x, int64_t stride, const int64_t* n, int64_t n_rows, float div);
 // out[i] = silu(gate[i]) * up[i] = gate[i] / (1 + exp(-gate[i])) * up[i]; out may alias gate.
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // y[i] += x[i]

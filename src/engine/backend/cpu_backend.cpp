@@ -273,6 +273,9 @@ class CpuBackend final : public Backend {
     thread_local std::vector<float> converted;
     if (!f32 && static_cast<int64_t>(converted.size()) < bs * hd)
       converted.resize(static_cast<size_t>(bs * hd));
+    // Each softmax row's key count.
+    thread_local std::vector<int64_t> keys;
+    if (static_cast<int64_t>(keys.size()) < group * nq) keys.resize(static_cast<size_t>(group * nq));
     for (int64_t g0 = h0; g0 < h1;) {
       const int64_t kvh = g0 / group;
       const int64_t g1 = std::min(h1, (kvh + 1) * group);  // heads [g0, g1) read KV head kvh
@@ -290,15 +293,14 @@ class CpuBackend final : public Backend {
                           scores_of(h, 0) + j0, n_keys);
         }
       }
+      // Row (h - g0) * nq + t of sc is head h's scores of query t.
       for (int64_t h = g0; h < g1; ++h) {
         for (int64_t t = 0; t < nq; ++t) {
-          float* row = scores_of(h, t);
-          const int64_t keys = b.positions[t0 + t] + 1;
-          for (int64_t i = 0; i < keys; ++i) row[i] /= scale_div;
-          cpu::softmax(row, keys);
+          keys[static_cast<size_t>((h - g0) * nq + t)] = b.positions[t0 + t] + 1;
           std::fill_n(out + t * q_stride + h * hd, hd, 0.0f);
         }
       }
+      cpu::softmax_rows(sc, n_keys, keys.data(), (g1 - g0) * nq, scale_div);
       for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
         const std::byte* v = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(bs) * row_bytes +
                              static_cast<uint64_t>(seg) * elem;

@@ -29,16 +29,63 @@ void exp_f32(const float* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = detail::exp_ref(x[i]);
 }
 
-void softmax(float* x, int64_t n) {
-  if (n <= 0) return;
-  float max = x[0];
-  for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
-  for (int64_t i = 0; i < n; ++i) x[i] -= max;
-  exp_f32(x, x, n);
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) sum += x[i];
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+void softmax(float* x, int64_t n) { softmax_rows(x, 0, &n, 1, 1.0f); }
+
+void softmax_rows(float* x, int64_t stride, const int64_t* n, int64_t n_rows, float div) {
+  // Rows go kChains at a time: each row's sum is one chain of adds in index order, and the
+  // rows' chains run side by side (one row's chain alone waits on each add's latency).
+  constexpr int64_t kChains = 8;
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kChains) {
+    const int64_t m = std::min(kChains, n_rows - r0);
+    float* row[kChains];
+    float sum[kChains];
+    int64_t common = n[r0];
+    for (int64_t r = 0; r < m; ++r) {
+      float* xr = row[r] = x + (r0 + r) * stride;
+      const int64_t nr = n[r0 + r];
+      common = std::min(common, nr);
+      sum[r] = 0.0f;
+      if (nr <= 0) continue;
+      for (int64_t i = 0; i < nr; ++i) xr[i] /= div;
+      // The maximum is the same whatever the order (a signed zero aside, which the subtraction
+      // below turns into the same values), so it is taken in eight lanes.
+      float lane[8];
+      for (int k = 0; k < 8; ++k) lane[k] = xr[0];
+      int64_t i = 0;
+      for (; i + 8 <= nr; i += 8)
+        for (int k = 0; k < 8; ++k) lane[k] = std::max(lane[k], xr[i + k]);
+      for (; i < nr; ++i) lane[0] = std::max(lane[0], xr[i]);
+      float max = lane[0];
+      for (int k = 1; k < 8; ++k) max = std::max(max, lane[k]);
+      for (i = 0; i < nr; ++i) xr[i] -= max;
+      exp_f32(xr, xr, nr);
+    }
+    common = std::max<int64_t>(common, 0);
+    if (m == kChains) {  // the sums in registers
+      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f, s6 = 0.0f, s7 = 0.0f;
+      for (int64_t i = 0; i < common; ++i) {
+        s0 += row[0][i];
+        s1 += row[1][i];
+        s2 += row[2][i];
+        s3 += row[3][i];
+        s4 += row[4][i];
+        s5 += row[5][i];
+        s6 += row[6][i];
+        s7 += row[7][i];
+      }
+      const float all[kChains] = {s0, s1, s2, s3, s4, s5, s6, s7};
+      std::copy(all, all + kChains, sum);
+    } else {
+      for (int64_t i = 0; i < common; ++i)
+        for (int64_t r = 0; r < m; ++r) sum[r] += row[r][i];
+    }
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t nr = n[r0 + r];
+      for (int64_t i = common; i < nr; ++i) sum[r] += row[r][i];
+      const float inv = 1.0f / sum[r];
+      for (int64_t i = 0; i < nr; ++i) row[r][i] *= inv;
+    }
+  }
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {

@@ -390,6 +390,50 @@ TEST(CpuKernelsTest, SoftmaxMatchesReference) {
   EXPECT_EQ(one, 1.0f);
 }
 
+// softmax and softmax_rows against the plain sequence of operations they promise: a sequential
+// maximum, exp of the differences, a sum in index order, one reciprocal.
+void softmax_in_order(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  for (int64_t i = 0; i < n; ++i) x[i] -= max;
+  exp_f32(x, x, n);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += x[i];
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+TEST(CpuKernelsTest, SoftmaxRowsMatchDivisionAndSoftmaxPerRowBitForBit) {
+  // Lengths that cross the eight-row groups and the eight-lane maximum, an empty row, a row of
+  // one; signed zeros and ties for the maximum.
+  const std::vector<int64_t> n = {1, 7, 8, 9, 33, 130, 0, 37, 64, 5, 129, 16, 2};
+  const int64_t stride = 131;
+  const int64_t rows = static_cast<int64_t>(n.size());
+  for (float div : {1.0f, 8.0f, std::sqrt(128.0f)}) {
+    SCOPED_TRACE(testing::Message() << "div " << div);
+    std::vector<float> x = random_vector(static_cast<size_t>(rows * stride), 61);
+    for (auto& v : x) v *= 30.0f;
+    x[2 * stride + 3] = -0.0f;
+    x[2 * stride + 4] = 0.0f;
+    x[4 * stride + 10] = x[4 * stride + 20] = 90.0f;  // the row's maximum, twice
+    std::vector<float> want = x;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = want.data() + r * stride;
+      for (int64_t i = 0; i < n[r]; ++i) row[i] /= div;
+      if (n[r] > 0) softmax_in_order(row, n[r]);
+    }
+    softmax_rows(x.data(), stride, n.data(), rows, div);
+    EXPECT_EQ(0, std::memcmp(x.data(), want.data(), x.size() * sizeof(float)));
+    if (div == 1.0f) {  // softmax() is the one-row case
+      std::vector<float> one(x.begin() + 5 * stride, x.begin() + 5 * stride + n[5]);
+      std::vector<float> again(one);
+      softmax_in_order(one.data(), n[5]);
+      softmax(again.data(), n[5]);
+      EXPECT_EQ(0, std::memcmp(one.data(), again.data(), one.size() * sizeof(float)));
+    }
+  }
+}
+
 TEST(CpuKernelsTest, ElementwiseOpsMatchReference) {
   const int64_t n = 45;
   std::vector<float> a = random_vector(n, 51), b = random_vector(n, 52), out(n);
