@@ -234,11 +234,23 @@ class CpuBackend final : public Backend {
       const int64_t h0 = item % a.n_heads;
       const int64_t h_end = std::min(a.n_heads, h0 + (i1 - item));
       const int64_t max_keys = b.positions[t1 - 1] + 1;
-      const int64_t heads = std::min(h_end - h0, std::max<int64_t>(1, capacity / max_keys));
-      const int64_t queries = std::clamp<int64_t>(capacity / (heads * max_keys), 1, t1 - t0);
-      for (int64_t q0 = t0; q0 < t1; q0 += queries)
-        for (int64_t hb = h0; hb < h_end; hb += heads)
-          attend_heads(a, q0, std::min(t1, q0 + queries), hb, std::min(h_end, hb + heads), scores);
+      // Queries first: the heads of one KV group share their K and V rows, so a pass takes as
+      // many queries as the scratch holds for one group, then as many whole groups as fit at
+      // that (a long context keeps its blocks of queries, fewer heads a pass).
+      const int64_t group = a.n_heads / a.n_kv_heads;
+      const int64_t queries =
+          std::clamp<int64_t>(capacity / (std::min(group, h_end - h0) * max_keys), 1, t1 - t0);
+      int64_t heads = std::max<int64_t>(1, capacity / (queries * max_keys));
+      if (heads >= group) heads = heads / group * group;
+      for (int64_t q0 = t0; q0 < t1; q0 += queries) {
+        for (int64_t hb = h0; hb < h_end;) {
+          // A pass of whole groups ends on a group's end.
+          const int64_t he =
+              std::min(h_end, heads >= group ? hb / group * group + heads : hb + heads);
+          attend_heads(a, q0, std::min(t1, q0 + queries), hb, he, scores);
+          hb = he;
+        }
+      }
       item += h_end - h0;
     }
   }

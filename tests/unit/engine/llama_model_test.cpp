@@ -587,6 +587,21 @@ TEST_P(SyntheticModelTest, ChunkInvariantBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Variants, SyntheticModelTest, testing::ValuesIn(variants()),
                          [](const auto& info) { return info.param.name; });
 
+// A prompt long enough that a block of 16 queries' scores for all heads outgrow the attention
+// scratch (2^18 floats): from about 2,000 keys on, a pass takes one KV group's heads (8 of the
+// 16) and fewer queries (13 at 2,400 keys), and the bits must not change.
+TEST(SyntheticModel, LongPromptPassesOfFewerQueriesKeepTheBits) {
+  Variant v{"long_gqa8", {}};
+  v.synth = SynthOptions{.layers = 1, .dim = 64, .heads = 16, .kv_heads = 2, .ffn = 32,
+                         .vocab = 300, .dtype = DType::kF32, .seed = 11, .context = 4096,
+                         .name = "t"};
+  auto path = write_variant(v);
+  ASSERT_TRUE(path.ok()) << path.status().to_string();
+  auto file = load_or_fail(*path);
+  ASSERT_TRUE(file);
+  expect_chunk_invariant(file, test_prompt(2400, 300, 1, 5));
+}
+
 // The reference check must be able to fail: a different RoPE style gives different logits.
 TEST(SyntheticModel, ReferenceDetectsWrongRopeStyle) {
   auto path = write_variant(variants()[0]);
