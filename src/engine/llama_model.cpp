@@ -234,7 +234,10 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::create(std::shared_ptr<const Mod
 
 Status LlamaModel::Impl::prepare_backend() {
   Backend& be = *backend;
-  be.reserve_attention(max_context);
+  be.reserve_attention({.max_context = max_context,
+                        .max_tokens = max_batch,
+                        .n_heads = cfg.n_heads,
+                        .head_dim = cfg.head_dim});
   std::vector<const TensorView*> weights{token_embd, output};
   for (const LayerWeights& w : layers) {
     weights.insert(weights.end(), {w.attn_q, w.attn_k, w.attn_v, w.attn_output, w.ffn_gate,

@@ -343,7 +343,8 @@ TEST_P(PagedKernelsTest, WriteKvIsExactAndAttentionMatchesTheCpuAndIsBatchInvari
   aa.n_heads = c.n_heads;
   aa.n_kv_heads = c.n_kv_heads;
   aa.head_dim = c.head_dim;
-  cpu_->reserve_attention(512);
+  cpu_->reserve_attention(
+      {.max_context = 512, .max_tokens = nq, .n_heads = c.n_heads, .head_dim = c.head_dim});
   cpu_->attention(aa);
 
   DeviceBuffer<float> dq(q), dout(q.size());

@@ -11,6 +11,8 @@
 // which thread makes it. Not re-entrant: one parallel_for at a time per pool (the engine thread
 // owns the pool).
 //
+// parallel_for allocates nothing (std::function keeps a one-pointer capture in place).
+//
 // Latency: a decode step calls parallel_for tens of times, so waking sleeping threads through a
 // condition variable each time would dominate for small models. After each loop the workers
 // (and the caller, while waiting for them) spin for a bounded time (spin_microseconds) before

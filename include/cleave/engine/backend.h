@@ -100,6 +100,15 @@ struct AttentionArgs {
   int64_t head_dim = 0;
 };
 
+// The largest attention() calls a model makes: batches of up to max_tokens tokens, each over up
+// to max_context keys, with n_heads query heads of head_dim elements.
+struct AttentionLimits {
+  int64_t max_context = 0;
+  int64_t max_tokens = 0;
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+};
+
 // Rotary position embedding of a batch of tokens.
 struct RopeArgs {
   float* x = nullptr;         // [n_tokens, row_stride]; heads are the first n_heads * head_dim
@@ -184,9 +193,11 @@ class Backend {
   // CUDA; the device may be unusable after it), else Ok. Always Ok on the CPU.
   virtual Status check() = 0;
 
-  // Reserves per-thread scratch for attention over up to `max_context` keys. Called once by the
-  // model before the first forward pass; attention() never allocates afterwards.
-  virtual void reserve_attention(int64_t max_context) = 0;
+  // Reserves the scratch of attention() calls within `limits`. Called once by the model before
+  // the first forward pass. The CPU backend's attention() never allocates afterwards for calls
+  // within the limits (a call beyond them grows the scratch once). The CUDA backend sizes its
+  // split partials by each batch's longest context and grows them, outside recorded steps.
+  virtual void reserve_attention(const AttentionLimits& limits) = 0;
 
   // y[t] = W x[t] for t in [0, n_tokens): W is [rows, cols], x is [n_tokens, cols] and y is
   // [n_tokens, rows] (both contiguous).

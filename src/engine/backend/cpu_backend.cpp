@@ -24,10 +24,22 @@ constexpr int64_t kParallelMinWork = 1 << 15;
 constexpr int64_t kHeadsPerPass = 8;
 constexpr int64_t kMinScores = int64_t{1} << 18;
 constexpr int64_t kQueryBlock = 16;
+// V rows of an f16/bf16 pool are converted to f32 this many at a time (a longer KV block goes in
+// pieces: axpy_rows adds rows in key order either way, so the pieces give the same bits).
+constexpr int64_t kConvertRows = 64;
+
+// A pool slot's attention scratch, sized by reserve_attention().
+struct AttentionScratch {
+  std::vector<float> scores;     // a pass's scores, `capacity` floats
+  std::vector<int64_t> keys;     // each softmax row's key count: up to kQueryBlock * n_heads rows
+  std::vector<float> converted;  // kConvertRows V rows of one head, converted to f32
+};
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(ThreadPool& pool) : pool_(pool), scores_(static_cast<size_t>(pool.size())),
+  explicit CpuBackend(ThreadPool& pool)
+      : pool_(pool),
+        scratch_(static_cast<size_t>(pool.size())),
         bounds_(static_cast<size_t>(pool.size()) + 1, 0) {}
 
   const char* name() const override { return "cpu"; }
@@ -58,9 +70,16 @@ class CpuBackend final : public Backend {
   const float* to_host(const float* src, int64_t) override { return src; }
   Status check() override { return Status::Ok(); }
 
-  void reserve_attention(int64_t max_context) override {
-    capacity_ = std::max(kMinScores, kHeadsPerPass * std::max<int64_t>(max_context, 1));
-    for (auto& s : scores_) s.assign(static_cast<size_t>(capacity_), 0.0f);
+  void reserve_attention(const AttentionLimits& limits) override {
+    limits_ = limits;
+    capacity_ = std::max(kMinScores, kHeadsPerPass * std::max<int64_t>(limits.max_context, 1));
+    for (AttentionScratch& s : scratch_) {
+      s.scores.assign(static_cast<size_t>(capacity_), 0.0f);
+      s.keys.assign(static_cast<size_t>(kQueryBlock * std::max<int64_t>(limits.n_heads, 1)), 0);
+      s.converted.assign(static_cast<size_t>(kConvertRows * std::max<int64_t>(limits.head_dim, 1)),
+                         0.0f);
+    }
+    blocks_.reserve(static_cast<size_t>(std::max<int64_t>(limits.max_tokens, 1) + 1));
   }
 
   void matmul(const TensorView& w, const float* x, int64_t n_tokens, float* y) override {
@@ -131,6 +150,19 @@ class CpuBackend final : public Backend {
 
   void attention(const AttentionArgs& a) override {
     const TokenBatch& b = *a.batch;
+    int64_t total_keys = 0, max_keys = 0;
+    for (int64_t t = 0; t < b.n_tokens; ++t) {
+      total_keys += b.positions[t] + 1;
+      max_keys = std::max(max_keys, b.positions[t] + 1);
+    }
+    // A call past the reserved limits (not one the model makes) grows the scratch first.
+    if (b.n_tokens > limits_.max_tokens || max_keys > limits_.max_context ||
+        a.n_heads > limits_.n_heads || a.head_dim > limits_.head_dim) {
+      reserve_attention({.max_context = std::max(limits_.max_context, max_keys),
+                         .max_tokens = std::max(limits_.max_tokens, b.n_tokens),
+                         .n_heads = std::max(limits_.n_heads, a.n_heads),
+                         .head_dim = std::max(limits_.head_dim, a.head_dim)});
+    }
     // Query blocks: runs of at most kQueryBlock tokens of one sequence at consecutive positions
     // (a prompt chunk gives full blocks, a decode step one token each). An item is a block's
     // head; blocks_ holds each block's first token, then n_tokens.
@@ -150,14 +182,12 @@ class CpuBackend final : public Backend {
       for (int64_t t = blocks_[blk]; t < blocks_[blk + 1]; ++t) keys += b.positions[t] + 1;
       return keys;
     };
-    int64_t total_keys = 0;
-    for (int64_t t = 0; t < b.n_tokens; ++t) total_keys += b.positions[t] + 1;
     const int64_t work = total_keys * a.n_heads * a.head_dim * 2;
     const int slots = (work < kParallelMinWork || pool_.size() == 1)
                           ? 1
                           : static_cast<int>(std::min<int64_t>(pool_.size(), items));
     if (slots == 1) {
-      attend_items(a, blocks_.data(), 0, items, scores_[0].data(), capacity_);
+      attend_items(a, blocks_.data(), 0, items, scratch_[0], capacity_);
       return;
     }
     // Slot s takes the items from the one where the running key count reaches total * s / slots.
@@ -176,20 +206,20 @@ class CpuBackend final : public Backend {
     }
     while (next <= slots) bounds_[static_cast<size_t>(next++)] = items;
     bounds_[static_cast<size_t>(slots)] = items;
-    // Slot s owns scores_[s] (parallel_for gives each index of [0, slots) to exactly one
+    // Slot s owns scratch_[s] (parallel_for gives each index of [0, slots) to exactly one
     // thread). One captured pointer keeps std::function from allocating.
     struct Job {
       const AttentionArgs* args;
       const int64_t* blocks;
-      std::vector<std::vector<float>>* scores;
+      AttentionScratch* scratch;
       const int64_t* bounds;
       int64_t capacity;
-    } job{&a, blocks_.data(), &scores_, bounds_.data(), capacity_};
+    } job{&a, blocks_.data(), scratch_.data(), bounds_.data(), capacity_};
     const Job* j = &job;
     pool_.parallel_for(slots, [j](int64_t b0, int64_t e0) {
       for (int64_t s = b0; s < e0; ++s) {
-        attend_items(*j->args, j->blocks, j->bounds[s], j->bounds[s + 1],
-                     (*j->scores)[static_cast<size_t>(s)].data(), j->capacity);
+        attend_items(*j->args, j->blocks, j->bounds[s], j->bounds[s + 1], j->scratch[s],
+                     j->capacity);
       }
     });
   }
@@ -222,11 +252,11 @@ class CpuBackend final : public Backend {
   // query at position p reduces over keys 0..p of its sequence in key order, block by block
   // through the block table: scores by the fixed-order dot, a softmax over exactly p + 1 scores,
   // V accumulated in key order. A block's items are taken together, as many heads and queries
-  // per pass as `scores` (`capacity` floats) holds, so that a pass streams each K and V row once,
-  // contiguously, for all of them; each (query, head)'s arithmetic is the same whatever the
-  // grouping.
+  // per pass as the scores scratch (`capacity` floats) holds, so that a pass streams each K and V
+  // row once, contiguously, for all of them; each (query, head)'s arithmetic is the same whatever
+  // the grouping.
   static void attend_items(const AttentionArgs& a, const int64_t* blocks, int64_t i0, int64_t i1,
-                           float* scores, int64_t capacity) {
+                           AttentionScratch& scratch, int64_t capacity) {
     const TokenBatch& b = *a.batch;
     for (int64_t item = i0; item < i1;) {
       const int64_t blk = item / a.n_heads;
@@ -247,7 +277,7 @@ class CpuBackend final : public Backend {
           // A pass of whole groups ends on a group's end.
           const int64_t he =
               std::min(h_end, heads >= group ? hb / group * group + heads : hb + heads);
-          attend_heads(a, q0, std::min(t1, q0 + queries), hb, he, scores);
+          attend_heads(a, q0, std::min(t1, q0 + queries), hb, he, scratch);
           hb = he;
         }
       }
@@ -256,7 +286,8 @@ class CpuBackend final : public Backend {
   }
 
   // Attention of queries [t0, t1) (consecutive positions of one sequence) for heads [h0, h1);
-  // the scores of head h and query t0 + i go to scores + ((h - h0) * (t1 - t0) + i) * n_keys,
+  // the scores of head h and query t0 + i go to scratch.scores + ((h - h0) * (t1 - t0) + i) *
+  // n_keys,
   // n_keys being the last query's key count. The heads that share a KV head are taken together,
   // a block of keys at a time: dot_rows gives the scores of every (head, query) for every key of
   // the block (each the fixed-order dot of one query and one key row, f16/bf16 rows converted
@@ -265,7 +296,7 @@ class CpuBackend final : public Backend {
   // keys only (each row loaded once for all the outputs that take it). Each (head, query, key)
   // value is the one a dot_f32 or axpy call per key gives, so the grouping never changes a bit.
   static void attend_heads(const AttentionArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
-                           float* scores) {
+                           AttentionScratch& scratch) {
     const TokenBatch& b = *a.batch;
     const int64_t hd = a.head_dim;
     const int64_t kv_dim = a.kv.kv_dim;
@@ -281,13 +312,8 @@ class CpuBackend final : public Backend {
     const uint64_t row_bytes = a.kv.row_bytes();
     const uint64_t elem = row_bytes / static_cast<uint64_t>(kv_dim);
     const bool f32 = a.kv.dtype == DType::kF32;
-    // V rows of a non-f32 pool, one block's segment at a time, converted (exactly) to f32.
-    thread_local std::vector<float> converted;
-    if (!f32 && static_cast<int64_t>(converted.size()) < bs * hd)
-      converted.resize(static_cast<size_t>(bs * hd));
-    // Each softmax row's key count.
-    thread_local std::vector<int64_t> keys;
-    if (static_cast<int64_t>(keys.size()) < group * nq) keys.resize(static_cast<size_t>(group * nq));
+    float* const scores = scratch.scores.data();
+    int64_t* const keys = scratch.keys.data();
     for (int64_t g0 = h0; g0 < h1;) {
       const int64_t kvh = g0 / group;
       const int64_t g1 = std::min(h1, (kvh + 1) * group);  // heads [g0, g1) read KV head kvh
@@ -308,29 +334,34 @@ class CpuBackend final : public Backend {
       // Row (h - g0) * nq + t of sc is head h's scores of query t.
       for (int64_t h = g0; h < g1; ++h) {
         for (int64_t t = 0; t < nq; ++t) {
-          keys[static_cast<size_t>((h - g0) * nq + t)] = b.positions[t0 + t] + 1;
+          keys[(h - g0) * nq + t] = b.positions[t0 + t] + 1;
           std::fill_n(out + t * q_stride + h * hd, hd, 0.0f);
         }
       }
-      cpu::softmax_rows(sc, n_keys, keys.data(), (g1 - g0) * nq, scale_div);
-      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-        const std::byte* v = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(bs) * row_bytes +
+      cpu::softmax_rows(sc, n_keys, keys, (g1 - g0) * nq, scale_div);
+      // V rows [j0, j0 + n): a whole KV block of an f32 pool, up to kConvertRows rows of one
+      // block otherwise.
+      for (int64_t j0 = 0, n = 0; j0 < n_keys; j0 += n) {
+        const int64_t off = j0 % bs;
+        n = std::min({f32 ? bs : kConvertRows, bs - off, n_keys - j0});
+        const std::byte* v = a.kv.k(a.layer, table[j0 / bs]) +
+                             static_cast<uint64_t>(bs + off) * row_bytes +
                              static_cast<uint64_t>(seg) * elem;
-        const int64_t n = std::min(bs, n_keys - j0);
         const float* rows = reinterpret_cast<const float*>(v);
         int64_t stride = static_cast<int64_t>(row_bytes / sizeof(float));
         if (!f32) {
+          float* converted = scratch.converted.data();
           for (int64_t j = 0; j < n; ++j)
-            cpu::kv_load(a.kv.dtype, v + j * row_bytes, converted.data() + j * hd, hd);
-          rows = converted.data();
+            cpu::kv_load(a.kv.dtype, v + j * row_bytes, converted + j * hd, hd);
+          rows = converted;
           stride = hd;
         }
         if (nq == 1) {
           cpu::axpy_rows(out + g0 * hd, hd, sc + j0, n_keys, g1 - g0, rows, stride, n, hd);
           continue;
         }
-        // Queries [full, nq) take all n rows of this block (one call for the group's heads and
-        // those queries); each earlier one its first `own` rows.
+        // Queries [full, nq) take all n rows (one call for the group's heads and those queries);
+        // each earlier one its first `own` rows.
         int64_t full = nq;
         while (full > 0 && b.positions[t0 + full - 1] + 1 >= j0 + n) --full;
         for (int64_t h = g0; h < g1; ++h) {
@@ -351,8 +382,9 @@ class CpuBackend final : public Backend {
 
   ThreadPool& pool_;
   std::deque<std::vector<float>> buffers_;  // alloc() and upload() (a deque never moves them)
-  int64_t capacity_ = 0;                    // floats in each scores_ buffer
-  std::vector<std::vector<float>> scores_;  // one per pool slot
+  AttentionLimits limits_;                  // what reserve_attention() sized the scratch for
+  int64_t capacity_ = 0;                    // floats in each slot's scores
+  std::vector<AttentionScratch> scratch_;   // one per pool slot
   std::vector<int64_t> bounds_;             // attention: first item of each slot, then the end
   std::vector<int64_t> blocks_;             // attention: each query block's first token, then end
 };

@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace cleave::cpu::detail {
 namespace {
@@ -43,9 +42,10 @@ constexpr int64_t kTokenGroup = 48;
 using MicroFn = void (*)(const std::byte* w, uint64_t row_bytes, int64_t k0, int64_t kc,
                          const float* x, int64_t x_stride, float* acc, int64_t acc_stride);
 
-// [kBlockRows][token group][8 lanes]
-std::vector<float>& block_acc() {
-  thread_local std::vector<float> acc;
+// [kBlockRows][token group][8 lanes], 24 KiB: the calling thread's, never allocated (attention
+// calls matmul_block through dot_rows, and allocates nothing after its reserve).
+float* block_acc() {
+  alignas(64) thread_local float acc[kBlockRows * kTokenGroup * 8];
   return acc;
 }
 
@@ -56,10 +56,7 @@ void matmul_block(const std::byte* w, uint64_t row_bytes, int64_t nr, const floa
   const int64_t n_chunks = std::max<int64_t>(1, (n8 + K::kMaxChunk - 1) / K::kMaxChunk);
   const int64_t kChunk = std::max<int64_t>(8, ((n8 + n_chunks - 1) / n_chunks + 7) / 8 * 8);
   const int64_t tg_max = std::min(nt, kTokenGroup);
-  std::vector<float>& acc_store = block_acc();
-  if (acc_store.size() < static_cast<size_t>(kBlockRows * tg_max * 8))
-    acc_store.resize(static_cast<size_t>(kBlockRows * tg_max * 8));
-  float* acc = acc_store.data();
+  float* const acc = block_acc();
 
   for (int64_t r0 = 0; r0 < nr; r0 += kBlockRows) {
     const int64_t rb = std::min(kBlockRows, nr - r0);

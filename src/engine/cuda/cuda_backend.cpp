@@ -141,7 +141,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
   int threads() const override { return 1; }
   int device() const override { return ordinal_; }
-  void reserve_attention(int64_t) override {}
+  void reserve_attention(const AttentionLimits&) override {}
 
   Result<float*> alloc(int64_t n) override {
     CLEAVE_ASSIGN_OR_RETURN(void* p, device_alloc(static_cast<uint64_t>(std::max<int64_t>(n, 1)) * 4));
