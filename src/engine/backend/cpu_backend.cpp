@@ -314,22 +314,44 @@ class CpuBackend final : public Backend {
     const bool f32 = a.kv.dtype == DType::kF32;
     float* const scores = scratch.scores.data();
     int64_t* const keys = scratch.keys.data();
+    // n <= kConvertRows rows of head_dim elements of an f16/bf16 pool from `rows`, exactly as f32.
+    auto convert_rows = [&](const std::byte* rows, int64_t n) {
+      float* converted = scratch.converted.data();
+      for (int64_t j = 0; j < n; ++j)
+        cpu::kv_load(a.kv.dtype, rows + j * row_bytes, converted + j * hd, hd);
+      return static_cast<const float*>(converted);
+    };
     for (int64_t g0 = h0; g0 < h1;) {
       const int64_t kvh = g0 / group;
       const int64_t g1 = std::min(h1, (kvh + 1) * group);  // heads [g0, g1) read KV head kvh
       const int64_t seg = kvh * hd;
       float* sc = scores + (g0 - h0) * nq * n_keys;
       auto scores_of = [&](int64_t h, int64_t t) { return sc + ((h - g0) * nq + t) * n_keys; };
-      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
-        const std::byte* k = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(seg) * elem;
-        const int64_t n = std::min(bs, n_keys - j0);
+      // K rows [j0, j0 + n): a whole KV block, or up to kConvertRows rows of an f16/bf16 block
+      // that a block of queries reads, converted to f32 once for all its (head, query) dots
+      // rather than in the kernel per tile of queries (a decode token's heads convert each
+      // element once in the kernel).
+      const bool convert_k = !f32 && nq > 1;
+      for (int64_t j0 = 0, n = 0; j0 < n_keys; j0 += n) {
+        const int64_t off = j0 % bs;
+        n = std::min({convert_k ? kConvertRows : bs, bs - off, n_keys - j0});
+        const std::byte* k = a.kv.k(a.layer, table[j0 / bs]) +
+                             static_cast<uint64_t>(off) * row_bytes +
+                             static_cast<uint64_t>(seg) * elem;
         if (nq == 1) {
           cpu::dot_rows(a.kv.dtype, k, row_bytes, n, q + g0 * hd, hd, g1 - g0, hd, sc + j0, n_keys);
-        } else {
-          for (int64_t h = g0; h < g1; ++h)
-            cpu::dot_rows(a.kv.dtype, k, row_bytes, n, q + h * hd, q_stride, nq, hd,
-                          scores_of(h, 0) + j0, n_keys);
+          continue;
         }
+        DType dtype = a.kv.dtype;
+        uint64_t k_bytes = row_bytes;
+        if (convert_k) {
+          k = reinterpret_cast<const std::byte*>(convert_rows(k, n));
+          dtype = DType::kF32;
+          k_bytes = static_cast<uint64_t>(hd) * sizeof(float);
+        }
+        for (int64_t h = g0; h < g1; ++h)
+          cpu::dot_rows(dtype, k, k_bytes, n, q + h * hd, q_stride, nq, hd, scores_of(h, 0) + j0,
+                        n_keys);
       }
       // Row (h - g0) * nq + t of sc is head h's scores of query t.
       for (int64_t h = g0; h < g1; ++h) {
@@ -350,10 +372,7 @@ class CpuBackend final : public Backend {
         const float* rows = reinterpret_cast<const float*>(v);
         int64_t stride = static_cast<int64_t>(row_bytes / sizeof(float));
         if (!f32) {
-          float* converted = scratch.converted.data();
-          for (int64_t j = 0; j < n; ++j)
-            cpu::kv_load(a.kv.dtype, v + j * row_bytes, converted + j * hd, hd);
-          rows = converted;
+          rows = convert_rows(v, n);
           stride = hd;
         }
         if (nq == 1) {

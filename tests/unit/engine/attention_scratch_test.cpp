@@ -99,11 +99,14 @@ struct Pool {
   int64_t seq_start = 0;
 };
 
-std::vector<float> queries(int64_t n_tokens) {
-  std::mt19937 rng(9);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(n_tokens * kHeads * kHeadDim));
-  for (float& x : q) x = dist(rng);
+// Each token's query rows, drawn from its position (the same alone or in any batch).
+std::vector<float> queries(const std::vector<int64_t>& positions) {
+  std::vector<float> q;
+  for (int64_t p : positions) {
+    std::mt19937 rng(static_cast<uint32_t>(p));
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    for (int64_t i = 0; i < kHeads * kHeadDim; ++i) q.push_back(dist(rng));
+  }
   return q;
 }
 
@@ -111,7 +114,7 @@ std::vector<float> queries(int64_t n_tokens) {
 std::vector<float> attend(Backend& be, Pool& pool, const std::vector<int64_t>& positions,
                           int64_t* allocations = nullptr) {
   const TokenBatch b = pool.batch(positions);
-  const std::vector<float> q = queries(b.n_tokens);
+  const std::vector<float> q = queries(positions);
   std::vector<float> out(q.size(), std::numeric_limits<float>::quiet_NaN());
   const AttentionArgs a{.batch = &b,
                         .q = q.data(),
@@ -183,6 +186,16 @@ TEST(AttentionScratch, LongKvBlocksConvertedInPiecesGiveTheBitsOfShortBlocks) {
       ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
           << "tokens from position " << positions[0];
       for (float x : got) ASSERT_FALSE(std::isnan(x)) << "an output left unwritten";
+    }
+    // A prompt block's K rows, converted once for all its queries, give each token's bits
+    // alone (a decode token's K rows are converted in the kernel).
+    const std::vector<int64_t> block = range(236, 300);
+    const auto together = attend(*be, long_blocks, block);
+    const int64_t width = kHeads * kHeadDim;
+    for (size_t i = 0; i < block.size(); ++i) {
+      const auto alone = attend(*be, long_blocks, {block[i]});
+      ASSERT_EQ(std::memcmp(alone.data(), together.data() + i * width, width * sizeof(float)), 0)
+          << "position " << block[i] << " alone and in the block";
     }
   }
 }
