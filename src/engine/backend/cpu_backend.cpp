@@ -24,15 +24,16 @@ constexpr int64_t kParallelMinWork = 1 << 15;
 constexpr int64_t kHeadsPerPass = 8;
 constexpr int64_t kMinScores = int64_t{1} << 18;
 constexpr int64_t kQueryBlock = 16;
-// V rows of an f16/bf16 pool are converted to f32 this many at a time (a longer KV block goes in
-// pieces: axpy_rows adds rows in key order either way, so the pieces give the same bits).
+// Rows of an f16/bf16 pool are converted to f32 this many at a time (V rows, and the K rows of a
+// block of queries); a longer KV block goes in pieces, which give the same bits (dot_rows'
+// results are per row, and axpy_rows adds rows in key order either way).
 constexpr int64_t kConvertRows = 64;
 
 // A pool slot's attention scratch, sized by reserve_attention().
 struct AttentionScratch {
   std::vector<float> scores;     // a pass's scores, `capacity` floats
   std::vector<int64_t> keys;     // each softmax row's key count: up to kQueryBlock * n_heads rows
-  std::vector<float> converted;  // kConvertRows V rows of one head, converted to f32
+  std::vector<float> converted;  // kConvertRows K or V rows of one head, converted to f32
 };
 
 class CpuBackend final : public Backend {
@@ -287,12 +288,11 @@ class CpuBackend final : public Backend {
 
   // Attention of queries [t0, t1) (consecutive positions of one sequence) for heads [h0, h1);
   // the scores of head h and query t0 + i go to scratch.scores + ((h - h0) * (t1 - t0) + i) *
-  // n_keys,
-  // n_keys being the last query's key count. The heads that share a KV head are taken together,
-  // a block of keys at a time: dot_rows gives the scores of every (head, query) for every key of
-  // the block (each the fixed-order dot of one query and one key row, f16/bf16 rows converted
-  // exactly inside the kernel; a query's scores past its own position are made and never read),
-  // axpy_rows adds the block's V rows into the outputs in key order, each output over its own
+  // n_keys, n_keys being the last query's key count. The heads that share a KV head are taken
+  // together, a block of keys at a time: dot_rows gives the scores of every (head, query) for
+  // every key of the block (each the fixed-order dot of one query and one key row, f16/bf16 rows
+  // converted exactly to f32, in the kernel or before it; a query's scores past its own position
+  // are made and never read), axpy_rows adds the block's V rows into the outputs in key order, each output over its own
   // keys only (each row loaded once for all the outputs that take it). Each (head, query, key)
   // value is the one a dot_f32 or axpy call per key gives, so the grouping never changes a bit.
   static void attend_heads(const AttentionArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
