@@ -24,16 +24,15 @@ constexpr int64_t kParallelMinWork = 1 << 15;
 constexpr int64_t kHeadsPerPass = 8;
 constexpr int64_t kMinScores = int64_t{1} << 18;
 constexpr int64_t kQueryBlock = 16;
-// Rows of an f16/bf16 pool are converted to f32 this many at a time (V rows, and the K rows of a
-// block of queries); a longer KV block goes in pieces, which give the same bits (dot_rows'
-// results are per row, and axpy_rows adds rows in key order either way).
+// V rows of an f16/bf16 pool are converted to f32 this many at a time (a longer KV block goes in
+// pieces: axpy_rows adds rows in key order either way, so the pieces give the same bits).
 constexpr int64_t kConvertRows = 64;
 
 // A pool slot's attention scratch, sized by reserve_attention().
 struct AttentionScratch {
   std::vector<float> scores;     // a pass's scores, `capacity` floats
   std::vector<int64_t> keys;     // each softmax row's key count: up to kQueryBlock * n_heads rows
-  std::vector<float> converted;  // kConvertRows K or V rows of one head, converted to f32
+  std::vector<float> converted;  // kConvertRows V rows of one head, converted to f32
 };
 
 class CpuBackend final : public Backend {
@@ -291,8 +290,8 @@ class CpuBackend final : public Backend {
   // n_keys, n_keys being the last query's key count. The heads that share a KV head are taken
   // together, a block of keys at a time: dot_rows gives the scores of every (head, query) for
   // every key of the block (each the fixed-order dot of one query and one key row, f16/bf16 rows
-  // converted exactly to f32, in the kernel or before it; a query's scores past its own position
-  // are made and never read), axpy_rows adds the block's V rows into the outputs in key order, each output over its own
+  // converted exactly inside the kernel; a query's scores past its own position are made and
+  // never read), axpy_rows adds the block's V rows into the outputs in key order, each output over its own
   // keys only (each row loaded once for all the outputs that take it). Each (head, query, key)
   // value is the one a dot_f32 or axpy call per key gives, so the grouping never changes a bit.
   static void attend_heads(const AttentionArgs& a, int64_t t0, int64_t t1, int64_t h0, int64_t h1,
@@ -314,44 +313,22 @@ class CpuBackend final : public Backend {
     const bool f32 = a.kv.dtype == DType::kF32;
     float* const scores = scratch.scores.data();
     int64_t* const keys = scratch.keys.data();
-    // n <= kConvertRows rows of head_dim elements of an f16/bf16 pool from `rows`, exactly as f32.
-    auto convert_rows = [&](const std::byte* rows, int64_t n) {
-      float* converted = scratch.converted.data();
-      for (int64_t j = 0; j < n; ++j)
-        cpu::kv_load(a.kv.dtype, rows + j * row_bytes, converted + j * hd, hd);
-      return static_cast<const float*>(converted);
-    };
     for (int64_t g0 = h0; g0 < h1;) {
       const int64_t kvh = g0 / group;
       const int64_t g1 = std::min(h1, (kvh + 1) * group);  // heads [g0, g1) read KV head kvh
       const int64_t seg = kvh * hd;
       float* sc = scores + (g0 - h0) * nq * n_keys;
       auto scores_of = [&](int64_t h, int64_t t) { return sc + ((h - g0) * nq + t) * n_keys; };
-      // K rows [j0, j0 + n): a whole KV block, or up to kConvertRows rows of an f16/bf16 block
-      // that a block of queries reads, converted to f32 once for all its (head, query) dots
-      // rather than in the kernel per tile of queries (a decode token's heads convert each
-      // element once in the kernel).
-      const bool convert_k = !f32 && nq > 1;
-      for (int64_t j0 = 0, n = 0; j0 < n_keys; j0 += n) {
-        const int64_t off = j0 % bs;
-        n = std::min({convert_k ? kConvertRows : bs, bs - off, n_keys - j0});
-        const std::byte* k = a.kv.k(a.layer, table[j0 / bs]) +
-                             static_cast<uint64_t>(off) * row_bytes +
-                             static_cast<uint64_t>(seg) * elem;
+      for (int64_t j0 = 0, blk = 0; j0 < n_keys; j0 += bs, ++blk) {
+        const std::byte* k = a.kv.k(a.layer, table[blk]) + static_cast<uint64_t>(seg) * elem;
+        const int64_t n = std::min(bs, n_keys - j0);
         if (nq == 1) {
           cpu::dot_rows(a.kv.dtype, k, row_bytes, n, q + g0 * hd, hd, g1 - g0, hd, sc + j0, n_keys);
-          continue;
+        } else {
+          for (int64_t h = g0; h < g1; ++h)
+            cpu::dot_rows(a.kv.dtype, k, row_bytes, n, q + h * hd, q_stride, nq, hd,
+                          scores_of(h, 0) + j0, n_keys);
         }
-        DType dtype = a.kv.dtype;
-        uint64_t k_bytes = row_bytes;
-        if (convert_k) {
-          k = reinterpret_cast<const std::byte*>(convert_rows(k, n));
-          dtype = DType::kF32;
-          k_bytes = static_cast<uint64_t>(hd) * sizeof(float);
-        }
-        for (int64_t h = g0; h < g1; ++h)
-          cpu::dot_rows(dtype, k, k_bytes, n, q + h * hd, q_stride, nq, hd, scores_of(h, 0) + j0,
-                        n_keys);
       }
       // Row (h - g0) * nq + t of sc is head h's scores of query t.
       for (int64_t h = g0; h < g1; ++h) {
@@ -372,7 +349,10 @@ class CpuBackend final : public Backend {
         const float* rows = reinterpret_cast<const float*>(v);
         int64_t stride = static_cast<int64_t>(row_bytes / sizeof(float));
         if (!f32) {
-          rows = convert_rows(v, n);
+          float* converted = scratch.converted.data();
+          for (int64_t j = 0; j < n; ++j)
+            cpu::kv_load(a.kv.dtype, v + j * row_bytes, converted + j * hd, hd);
+          rows = converted;
           stride = hd;
         }
         if (nq == 1) {

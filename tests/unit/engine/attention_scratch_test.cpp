@@ -187,8 +187,8 @@ TEST(AttentionScratch, LongKvBlocksConvertedInPiecesGiveTheBitsOfShortBlocks) {
           << "tokens from position " << positions[0];
       for (float x : got) ASSERT_FALSE(std::isnan(x)) << "an output left unwritten";
     }
-    // A prompt block's K rows, converted once for all its queries, give each token's bits
-    // alone (a decode token's K rows are converted in the kernel).
+    // A prompt block (query blocks, converted V pieces) gives each token's bits alone (the
+    // decode path).
     const std::vector<int64_t> block = range(236, 300);
     const auto together = attend(*be, long_blocks, block);
     const int64_t width = kHeads * kHeadDim;
